@@ -1,0 +1,410 @@
+"""The maths of CSD verification, written once.
+
+Every backend (Triton, C++/CPU, CUDA) and every test is held against the functions in this module. They are plain,
+vectorised PyTorch (no Python loop over rows or positions) and take a ``compute_dtype`` so tests can run them in
+float64. The ``torch`` backend *is* :func:`verify` with ``compute_dtype=torch.float32``.
+
+Definitions (per row b and window position i; V = vocabulary size):
+
+* target distribution   z = (u + s·(c − u)) · (1/T)   (c, u: conditional / unconditional logits, s: CFG scale)
+                        p = softmax(z), restricted to {v : z_v ≥ k-th largest z} when top_k is given (ties kept);
+                        T = 0 means greedy: p = one-hot(argmax z) (lowest index on ties).
+* entropy               H = −Σ p ln p  (nats, 0 ln 0 = 0)
+* total variation       TVD = ½ Σ |p − q|        (q = draft_probs row, or one-hot(x) when draft_probs is None)
+* acceptance of draft x strict: a(x) = min(1, p(x)/q(x));  csd: a(x) = min(1, p(x)/q(x) + λ·H) if TVD < τ else strict;
+                        a(x) = 0 when q(x) = 0 (invalid draft for that position: rejected, never divided by zero)
+* decision              accept iff u_accept < a(x)
+* resampling            r ∝ max(p − q, 0) (the residual); p when the residual sums to zero
+* output distribution   out(y) = q(y)a(y) + (1 − Σ q a) r(y);   distortion = ½ Σ |out − p|
+                        (0 for strict; for csd with the gate open it equals Σ_y (q a − min(p, q))(y), see
+                        :func:`closed_form_distortion`)
+* next drafts           positions after accept_len get a new draft, marginally ~ p:
+                        independent: inverse-CDF draw from p;  maximal: keep x iff u_accept < min(1, p(x)/q(x)),
+                        else draw from the residual;  gumbel: argmax(z + G), G fixed per (seed, row, absolute position).
+
+Random numbers: Philox4x32-10 (Salmon et al., 2011), see :func:`philox4x32`. Keys and counters:
+
+* key = the row's seed as (low 32 bits, high 32 bits).
+* step stream, one Philox call per (row, position):
+  counter = (pos, row_id, offset_lo, offset_hi); lane 0 -> u_accept, lane 1 -> u_sample.
+* gumbel stream, one call per (row, position, 4 tokens): counter = (v >> 2, pos, row_id, 0x80000000), lane v & 3.
+  It does not depend on ``offset``, so the noise is the same in every iteration of a decoding loop.
+
+where pos = (positions[b] + i) mod 2^32 (absolute token index), row_id = b when one seed is shared by the batch and 0
+when every row has its own seed (so a row's stream does not depend on its place in a batch), and offset < 2^63 so the
+step stream's top bit is always 0. A 32-bit Philox word x becomes the uniform ((x >> 9) + 0.5) · 2^-23, which is
+exact in float32 and lies strictly inside (0, 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "MODES",
+    "NEXT_DRAFTS",
+    "STATUS_BAD_LOGITS",
+    "STATUS_BAD_DRAFT_TOKEN",
+    "STATUS_BAD_DRAFT_PROBS",
+    "STATUS_MISSING_COMMITTED_TOKEN",
+    "PHILOX_M0",
+    "PHILOX_M1",
+    "PHILOX_W0",
+    "PHILOX_W1",
+    "GUMBEL_STREAM_TAG",
+    "philox4x32",
+    "uniform_from_bits",
+    "step_uniforms",
+    "gumbel_uniforms",
+    "mixed_logits",
+    "restrict_top_k",
+    "target_probs",
+    "entropy",
+    "total_variation",
+    "acceptance_probability",
+    "accepted_mass",
+    "output_distribution",
+    "optimal_residual",
+    "closed_form_distortion",
+    "inverse_cdf_sample",
+    "VerifyOutputs",
+    "verify",
+]
+
+MODES = ("strict", "csd")
+NEXT_DRAFTS = ("independent", "maximal", "gumbel")
+
+# Per-row status bits written by every backend (OR over the row's positions). The Python wrapper turns them into
+# ValueErrors naming the argument when validate=True.
+STATUS_BAD_LOGITS = 1  # NaN or ±Inf in target_logits / uncond_logits (or in their CFG mix)
+STATUS_BAD_DRAFT_TOKEN = 2  # a draft token outside [-1, V)
+STATUS_BAD_DRAFT_PROBS = 4  # a negative or non-finite value in draft_probs
+STATUS_MISSING_COMMITTED_TOKEN = 8  # draft_tokens[b, i] = -1 at a position i < start[b]
+
+PHILOX_M0 = 0xD2511F53
+PHILOX_M1 = 0xCD9E8D57
+PHILOX_W0 = 0x9E3779B9
+PHILOX_W1 = 0xBB67AE85
+PHILOX_ROUNDS = 10
+GUMBEL_STREAM_TAG = 0x80000000
+_MASK32 = 0xFFFFFFFF
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Philox4x32-10 on int64 tensors holding uint32 values
+# --------------------------------------------------------------------------------------------------------------------
+def _mulhilo32(multiplier: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit halves of multiplier·x for uint32 values held in int64, without int64 overflow."""
+    low_part = multiplier * (x & 0xFFFF)  # < 2^48
+    high_part = multiplier * (x >> 16)  # < 2^48; product = low_part + high_part·2^16
+    lo = (low_part + ((high_part & 0xFFFF) << 16)) & _MASK32
+    hi = (((low_part >> 16) + high_part) >> 16) & _MASK32
+    return hi, lo
+
+
+def philox4x32(c0, c1, c2, c3, k0, k1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Philox4x32-10 of counter (c0, c1, c2, c3) under key (k0, k1); all uint32 values in int64 tensors.
+
+    Shape: every argument broadcasts to a common shape, which the four outputs have.
+    """
+    c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(*[torch.as_tensor(t, dtype=torch.int64) for t in (c0, c1, c2, c3, k0, k1)])
+    c0, c1, c2, c3 = (c & _MASK32 for c in (c0, c1, c2, c3))
+    k0, k1 = k0 & _MASK32, k1 & _MASK32
+    for _ in range(PHILOX_ROUNDS):
+        hi0, lo0 = _mulhilo32(PHILOX_M0, c0)
+        hi1, lo1 = _mulhilo32(PHILOX_M1, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = (k0 + PHILOX_W0) & _MASK32
+        k1 = (k1 + PHILOX_W1) & _MASK32
+    return c0, c1, c2, c3
+
+
+def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """Map uint32 words (in int64) to float32 uniforms ((x >> 9) + 0.5)·2^-23 in the open interval (0, 1)."""
+    return ((bits >> 9).to(torch.float32) + 0.5) * (2.0**-23)
+
+
+def _seed_key(seed: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row Philox key halves and row ids: a shared seed keys rows by index, per-row seeds by themselves."""
+    seed = seed.reshape(-1).to(torch.int64)
+    if seed.numel() == 1:
+        seed = seed.expand(batch)
+        row_id = torch.arange(batch, dtype=torch.int64, device=seed.device)
+    else:
+        row_id = torch.zeros(batch, dtype=torch.int64, device=seed.device)
+    return seed & _MASK32, (seed >> 32) & _MASK32, row_id
+
+
+def _absolute_positions(positions: torch.Tensor, length: int) -> torch.Tensor:
+    """[B, L] uint32 (in int64) absolute index of each window position."""
+    window = torch.arange(length, dtype=torch.int64, device=positions.device)
+    return (positions.reshape(-1, 1).to(torch.int64) + window) & _MASK32
+
+
+def step_uniforms(seed: torch.Tensor, offset: torch.Tensor, positions: torch.Tensor, length: int):
+    """(u_accept, u_sample), each [B, L] float32, from the step stream.
+
+    Shape: seed [1] or [B] int64, offset [1] int64, positions [B] int64.
+    """
+    batch = positions.numel()
+    k0, k1, row_id = _seed_key(seed, batch)
+    offset = offset.reshape(-1)[0].to(torch.int64)
+    pos = _absolute_positions(positions, length)
+    lane0, lane1, _, _ = philox4x32(
+        pos, row_id[:, None], offset & _MASK32, (offset >> 32) & _MASK32, k0[:, None], k1[:, None]
+    )
+    return uniform_from_bits(lane0), uniform_from_bits(lane1)
+
+
+def gumbel_uniforms(seed: torch.Tensor, positions: torch.Tensor, length: int, vocab: int) -> torch.Tensor:
+    """[B, L, V] float32 uniforms of the gumbel stream (independent of the step offset)."""
+    batch = positions.numel()
+    k0, k1, row_id = _seed_key(seed, batch)
+    pos = _absolute_positions(positions, length)
+    token = torch.arange(vocab, dtype=torch.int64, device=positions.device)
+    lanes = philox4x32(
+        (token >> 2)[None, None, :],
+        pos[:, :, None],
+        row_id[:, None, None],
+        GUMBEL_STREAM_TAG,
+        k0[:, None, None],
+        k1[:, None, None],
+    )
+    lane_of_token = (token & 3).expand(batch, length, vocab)
+    bits = torch.stack(lanes, dim=-1).gather(-1, lane_of_token.unsqueeze(-1)).squeeze(-1)
+    return uniform_from_bits(bits)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Target distribution and the per-position statistics
+# --------------------------------------------------------------------------------------------------------------------
+def mixed_logits(
+    logits: torch.Tensor,
+    uncond_logits: Optional[torch.Tensor] = None,
+    cfg_scale: float = 1.0,
+    temperature: float = 1.0,
+    compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """z = (u + s·(c − u))·(1/T); for T = 0 the unscaled mix (greedy decoding only needs its argmax).
+
+    The scale 1/T is rounded to float32 once, so every backend multiplies by the same constant.
+    Shape: logits [..., V] -> [..., V] in compute_dtype.
+    """
+    mixed = logits.to(compute_dtype)
+    if uncond_logits is not None:
+        uncond = uncond_logits.to(compute_dtype)
+        mixed = uncond + cfg_scale * (mixed - uncond)
+    if temperature > 0:
+        mixed = mixed * float(torch.tensor(1.0 / temperature, dtype=torch.float32))
+    return mixed
+
+
+def restrict_top_k(z: torch.Tensor, top_k: Optional[int]) -> torch.Tensor:
+    """−inf outside {v : z_v ≥ k-th largest z} (ties at the k-th value are all kept).  Shape: [..., V]."""
+    if top_k is None or top_k >= z.shape[-1]:
+        return z
+    kth_largest = torch.topk(z, top_k, dim=-1).values[..., -1:]
+    return z.masked_fill(z < kth_largest, float("-inf"))
+
+
+def target_probs(z: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """p from the mixed logits z of :func:`mixed_logits` (one-hot of the first argmax when temperature = 0)."""
+    if temperature == 0:
+        return torch.nn.functional.one_hot(z.argmax(dim=-1), z.shape[-1]).to(z.dtype)
+    return torch.softmax(z, dim=-1)
+
+
+def entropy(p: torch.Tensor) -> torch.Tensor:
+    """H = −Σ p ln p in nats, with 0 ln 0 = 0.  Shape: [..., V] -> [...]."""
+    return -torch.where(p > 0, p * torch.log(p), torch.zeros_like(p)).sum(-1)
+
+
+def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """TVD = ½ Σ |p − q|.  Shape: [..., V] -> [...]."""
+    return 0.5 * (p - q).abs().sum(-1)
+
+
+def acceptance_probability(
+    p_x: torch.Tensor, q_x: torch.Tensor, h: torch.Tensor, tvd: torch.Tensor, mode: str, entropy_coef: float, tvd_threshold: float
+) -> torch.Tensor:
+    """a(x) for draft probabilities p(x), q(x) (any broadcastable shapes); 0 where q(x) = 0."""
+    safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
+    ratio = torch.where(q_x > 0, p_x / safe_q, torch.zeros_like(p_x))
+    if mode == "csd":
+        relaxed = torch.where(q_x > 0, ratio + entropy_coef * h, torch.zeros_like(ratio))
+        ratio = torch.where(tvd < tvd_threshold, relaxed, ratio)
+    return ratio.clamp(max=1.0)
+
+
+def accepted_mass(p: torch.Tensor, q: torch.Tensor, h: torch.Tensor, tvd: torch.Tensor, mode: str, entropy_coef: float, tvd_threshold: float):
+    """q(y)·a(y) for every token y: the probability of drafting y and accepting it.  Shape: [..., V]."""
+    return q * acceptance_probability(p, q, h[..., None], tvd[..., None], mode, entropy_coef, tvd_threshold)
+
+
+def optimal_residual(p: torch.Tensor, q_times_a: torch.Tensor) -> torch.Tensor:
+    """The resampling distribution that minimises ½Σ|out − p| for any acceptance rule: r ∝ max(p − q·a, 0).
+
+    Where that residual sums to zero (nothing to correct) it is p, as in the samplers.
+    """
+    residual = (p - q_times_a).clamp(min=0)
+    total = residual.sum(-1, keepdim=True)
+    return torch.where(total > 0, residual / torch.where(total > 0, total, torch.ones_like(total)), p)
+
+
+def output_distribution(p: torch.Tensor, q: torch.Tensor, q_times_a: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """out(y) = q(y)a(y) + (1 − Σ q a)·r(y): the exact law of the token a verified position emits."""
+    rejected = (1 - q_times_a.sum(-1, keepdim=True)).clamp(min=0)
+    return q_times_a + rejected * residual
+
+
+def closed_form_distortion(p: torch.Tensor, q: torch.Tensor, q_times_a: torch.Tensor) -> torch.Tensor:
+    """½Σ|out − p| for rules with q·a ≥ min(p, q) resampled from max(p − q, 0): Σ (q·a − min(p, q)).
+
+    This is what the kernels compute in their single pass; the tests hold it against output_distribution.
+    """
+    return (q_times_a - torch.minimum(p, q)).clamp(min=0).sum(-1)
+
+
+def inverse_cdf_sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """First index v with cumsum(weights)[v] > u·Σ weights (the last positive weight if rounding overshoots).
+
+    Shape: weights [..., V] ≥ 0 with a positive sum, u [...] in (0, 1) -> [...] int64.
+    """
+    cdf = weights.cumsum(-1)
+    target = (u.to(weights.dtype) * cdf[..., -1]).unsqueeze(-1)
+    index = (cdf <= target).sum(-1)  # number of leading entries not past the target
+    vocab = weights.shape[-1]
+    last_positive = vocab - 1 - (weights > 0).flip(-1).to(torch.int64).argmax(-1)
+    return torch.where(index < vocab, index, last_positive)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The whole verification step
+# --------------------------------------------------------------------------------------------------------------------
+@dataclass
+class VerifyOutputs:
+    """Raw outputs of a backend; see csd_kernels.VerifyResult for the user-facing documentation."""
+
+    accept_len: torch.Tensor  # [B] int32
+    tokens: torch.Tensor  # [B, L] int64
+    probs: Optional[torch.Tensor]  # [B, L, V] float32 or None
+    entropy: torch.Tensor  # [B, L] float32
+    tvd: torch.Tensor  # [B, L] float32
+    accept_prob: torch.Tensor  # [B, L] float32
+    distortion: torch.Tensor  # [B, L] float32
+    status: torch.Tensor  # [B] int32, STATUS_* bits
+
+
+def verify(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: Optional[torch.Tensor] = None,
+    *,
+    uncond_logits: Optional[torch.Tensor] = None,
+    cfg_scale: float = 1.0,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    mode: str = "csd",
+    entropy_coef: float = 0.5,
+    tvd_threshold: float = 0.65,
+    start: torch.Tensor,
+    next_drafts: str = "independent",
+    positions: torch.Tensor,
+    seed: torch.Tensor,
+    offset: torch.Tensor,
+    return_probs: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
+    uniforms: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+) -> VerifyOutputs:
+    """The reference verification step on already-validated arguments (see csd_kernels.verify for the API).
+
+    ``uniforms`` = (u_accept, u_sample), each [B, L], replaces the Philox step stream (tests use it to fix u).
+    Shape: target_logits [B, L, V], draft_tokens [B, L], draft_probs [B, L, V] or None, start/positions [B],
+    seed [1] or [B], offset [1].
+    """
+    batch, length, vocab = target_logits.shape
+    device = target_logits.device
+    draft_tokens = draft_tokens.to(torch.int64)
+
+    z = mixed_logits(target_logits, uncond_logits, cfg_scale, temperature, compute_dtype)
+    # A NaN or ±Inf in either input (or an overflowing mix) leaves a non-finite z; 0·Inf = NaN covers cfg_scale = 0.
+    bad_logits = ~torch.isfinite(z).all(-1)
+    z = restrict_top_k(torch.where(bad_logits[..., None], torch.zeros_like(z), z), top_k)
+    p = target_probs(z, temperature)
+    h = entropy(p)
+
+    bad_token = (draft_tokens < -1) | (draft_tokens >= vocab)
+    token = torch.where(bad_token, torch.full_like(draft_tokens, -1), draft_tokens)
+    has_draft = token >= 0
+    token_index = token.clamp(min=0)[..., None]
+    if draft_probs is None:
+        q = torch.nn.functional.one_hot(token.clamp(min=0), vocab).to(compute_dtype) * has_draft[..., None]
+        bad_probs = torch.zeros_like(has_draft)
+    else:
+        q = draft_probs.to(compute_dtype)
+        bad_probs = ~(torch.isfinite(q) & (q >= 0)).all(-1)
+        q = torch.where(bad_probs[..., None], torch.zeros_like(q), q)
+    tvd = total_variation(p, q)
+    if draft_probs is None:
+        tvd = torch.where(has_draft, tvd, torch.full_like(tvd, float("nan")))
+
+    p_x = p.gather(-1, token_index).squeeze(-1)
+    q_x = torch.where(has_draft, q.gather(-1, token_index).squeeze(-1), torch.zeros_like(p_x))
+    accept_prob = acceptance_probability(p_x, q_x, h, tvd, mode, entropy_coef, tvd_threshold)
+    strict_prob = acceptance_probability(p_x, q_x, h, tvd, "strict", entropy_coef, tvd_threshold)
+    q_times_a = accepted_mass(p, q, h, torch.nan_to_num(tvd, nan=1.0), mode, entropy_coef, tvd_threshold)
+    distortion = torch.where(has_draft, closed_form_distortion(p, q, q_times_a), torch.zeros_like(h))
+
+    if uniforms is None:
+        u_accept, u_sample = step_uniforms(seed, offset, positions, length)
+    else:
+        u_accept, u_sample = (u.to(torch.float32) for u in uniforms)
+    window = torch.arange(length, device=device)
+    committed = window[None, :] < start.reshape(-1, 1)
+    accepted = has_draft & (u_accept.to(compute_dtype) < accept_prob)
+    stops = (~accepted & ~committed) | bad_logits
+    accept_len = torch.where(stops.any(-1), stops.to(torch.int64).argmax(-1), torch.full((batch,), length, device=device))
+
+    residual = (p - q).clamp(min=0)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
+    from_residual = inverse_cdf_sample(residual, u_sample)
+    from_p = inverse_cdf_sample(p, u_sample)
+    resampled = torch.where(has_draft, from_residual, from_p)
+
+    if next_drafts == "independent":
+        later = from_p
+    elif next_drafts == "maximal":
+        keep = has_draft & (u_accept.to(compute_dtype) < strict_prob)
+        later = torch.where(keep, token, resampled)
+    else:  # gumbel
+        if temperature == 0:
+            later = z.argmax(-1)
+        else:
+            gumbel = -torch.log(-torch.log(gumbel_uniforms(seed, positions, length, vocab)))
+            later = (z + gumbel.to(compute_dtype)).argmax(-1)
+
+    tokens = torch.where(window < accept_len[:, None], token, later)
+    tokens = torch.where(window == accept_len[:, None], resampled, tokens)
+    # Never out of range, whatever the input: flagged positions emit token 0.
+    tokens = torch.where(bad_logits | (tokens < 0), torch.zeros_like(tokens), tokens)
+
+    status = (
+        bad_logits.any(-1).to(torch.int32) * STATUS_BAD_LOGITS
+        | bad_token.any(-1).to(torch.int32) * STATUS_BAD_DRAFT_TOKEN
+        | bad_probs.any(-1).to(torch.int32) * STATUS_BAD_DRAFT_PROBS
+        | (committed & ~has_draft).any(-1).to(torch.int32) * STATUS_MISSING_COMMITTED_TOKEN
+    )
+    nan = torch.full_like(h, float("nan"))
+    return VerifyOutputs(
+        accept_len=accept_len.to(torch.int32),
+        tokens=tokens,
+        probs=torch.where(bad_logits[..., None], float("nan"), p).to(torch.float32) if return_probs else None,
+        entropy=torch.where(bad_logits, nan, h).to(torch.float32),
+        tvd=torch.where(bad_logits, nan, tvd).to(torch.float32),
+        accept_prob=torch.where(bad_logits, nan, accept_prob).to(torch.float32),
+        distortion=torch.where(bad_logits, nan, distortion).to(torch.float32),
+        status=status,
+    )

@@ -1,0 +1,132 @@
+"""Sample-quality measures for the digits model (the FID / CLIP-score analogue).
+
+A deterministic scikit-learn classifier (StandardScaler + LogisticRegression) is
+trained, at first use, on a fixed 75% split of the real 8x8 ``load_digits``
+images and cached in-process (nothing is shipped or downloaded).  Generated
+32x32 images are area-averaged back to 8x8 in the 0..16 scale before use.
+
+* :func:`class_accuracy` – fraction of images the classifier assigns to the
+  prompted class (the CLIP-score analogue).
+* :func:`features` + :func:`frechet_distance` – Fréchet distance between
+  Gaussians fit to classifier features (the FID analogue); the features are the
+  10 decision-function logits concatenated with the 64 standardised pixels.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+SPLIT_SEED = 0
+TEST_FRACTION = 0.25
+
+
+def downsample_to_8x8(images32) -> np.ndarray:
+    """[N, 32, 32] float in [0, 1] -> float64 [N, 64] in the 0..16 scale of ``load_digits`` (4x4 area average)."""
+    x = torch.as_tensor(np.asarray(images32) if not isinstance(images32, torch.Tensor) else images32)
+    if x.ndim != 3 or tuple(x.shape[1:]) != (32, 32):
+        raise ValueError(f"expected images of shape [N, 32, 32], got {tuple(x.shape)}")
+    x = x.detach().float().cpu().clamp(0.0, 1.0)
+    small = F.avg_pool2d(x[:, None], kernel_size=4)[:, 0]  # [N, 8, 8]
+    return (small.reshape(x.shape[0], 64).double() * 16.0).numpy()
+
+
+@functools.lru_cache(maxsize=1)
+def _data_split():
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    return train_test_split(
+        d.data.astype(np.float64), d.target, test_size=TEST_FRACTION, random_state=SPLIT_SEED, stratify=d.target
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def classifier():
+    """The cached, deterministic classifier (sklearn Pipeline) trained on the fixed train split."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    x_tr, _, y_tr, _ = _data_split()
+    clf = make_pipeline(StandardScaler(), LogisticRegression(C=0.5, max_iter=2000))
+    clf.fit(x_tr, y_tr)
+    return clf
+
+
+def heldout_accuracy() -> float:
+    """Accuracy of the classifier on the held-out real 8x8 digits."""
+    _, x_te, _, y_te = _data_split()
+    return float((classifier().predict(x_te) == y_te).mean())
+
+
+def predict(images32) -> np.ndarray:
+    return classifier().predict(downsample_to_8x8(images32))
+
+
+def class_accuracy(images32, labels) -> float:
+    """Fraction of 32x32 images the classifier assigns to ``labels``."""
+    labels = np.asarray(torch.as_tensor(labels).cpu()).reshape(-1)
+    pred = predict(images32)
+    if pred.shape[0] != labels.shape[0]:
+        raise ValueError(f"{pred.shape[0]} images but {labels.shape[0]} labels")
+    return float((pred == labels).mean())
+
+
+def _features8(x8: np.ndarray) -> np.ndarray:
+    clf = classifier()
+    scaler = clf[0]
+    z = scaler.transform(x8)
+    logits = clf.decision_function(x8)
+    return np.concatenate([logits, z], axis=1)
+
+
+def features(images32) -> np.ndarray:
+    """Classifier features [N, 74]: 10 decision-function logits + 64 standardised pixels."""
+    return _features8(downsample_to_8x8(images32))
+
+
+def real_features(n: int | None = None, split: str = "all", seed: int = 0) -> np.ndarray:
+    """Features of real digits (``split`` in {"all", "train", "test"}); ``n`` draws a fixed random subset."""
+    from sklearn.datasets import load_digits
+
+    if split == "all":
+        x = load_digits().data.astype(np.float64)
+    elif split in ("train", "test"):
+        x_tr, x_te, _, _ = _data_split()
+        x = x_tr if split == "train" else x_te
+    else:
+        raise ValueError(f"split must be 'all', 'train' or 'test', got {split!r}")
+    if n is not None:
+        if n <= 0 or n > x.shape[0]:
+            raise ValueError(f"n must be in 1..{x.shape[0]}, got {n}")
+        idx = np.random.default_rng(seed).permutation(x.shape[0])[:n]
+        x = x[np.sort(idx)]
+    return _features8(x)
+
+
+def frechet_distance(feats_a, feats_b, eps: float = 1e-6) -> float:
+    """Fréchet distance between Gaussians fit to two feature sets [Na, d], [Nb, d]."""
+    from scipy import linalg
+
+    a = np.asarray(feats_a, dtype=np.float64)
+    b = np.asarray(feats_b, dtype=np.float64)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"feature sets must be [N, d] with equal d, got {a.shape} and {b.shape}")
+    if a.shape[0] < 2 or b.shape[0] < 2:
+        raise ValueError("need at least 2 samples per set")
+    mu1, mu2 = a.mean(0), b.mean(0)
+    s1, s2 = np.atleast_2d(np.cov(a, rowvar=False)), np.atleast_2d(np.cov(b, rowvar=False))
+    diff = mu1 - mu2
+    covmean, _ = linalg.sqrtm(s1 @ s2, disp=False)
+    if not np.isfinite(covmean).all():
+        off = np.eye(s1.shape[0]) * eps
+        covmean = linalg.sqrtm((s1 + off) @ (s2 + off))
+    if np.iscomplexobj(covmean):
+        covmean = covmean.real
+    fd = float(diff @ diff + np.trace(s1) + np.trace(s2) - 2.0 * np.trace(covmean))
+    return max(fd, 0.0)
