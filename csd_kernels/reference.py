@@ -10,7 +10,8 @@ Definitions (per row b and window position i; V = vocabulary size):
                         p = softmax(z), restricted to {v : z_v ≥ k-th largest z} when top_k is given (ties kept);
                         T = 0 means greedy: p = one-hot(argmax z) (lowest index on ties).
 * entropy               H = −Σ p ln p  (nats, 0 ln 0 = 0)
-* total variation       TVD = ½ Σ |p − q|        (q = draft_probs row, or one-hot(x) when draft_probs is None)
+* total variation       TVD = ½ Σ |p − q|        (q = draft_probs row, or one-hot(x) when draft_probs is None,
+                                                  or the zero vector when there is neither: TVD = ½)
 * acceptance of draft x strict: a(x) = min(1, p(x)/q(x));  csd: a(x) = min(1, p(x)/q(x) + λ·H) if TVD < τ else strict;
                         a(x) = 0 when q(x) = 0 (invalid draft for that position: rejected, never divided by zero)
 * decision              accept iff u_accept < a(x)
@@ -26,7 +27,8 @@ Random numbers: Philox4x32-10 (Salmon et al., 2011), see :func:`philox4x32`. Key
 
 * key = the row's seed as (low 32 bits, high 32 bits).
 * step stream, one Philox call per (row, position):
-  counter = (pos, row_id, offset_lo, offset_hi); lane 0 -> u_accept, lane 1 -> u_sample.
+  counter = (pos, row_id, offset_lo, offset_hi); lane 0 -> u_accept, lane 1 -> u_sample, lane 2 -> the uniformly
+  random draft token floor(x·V / 2^32) that a decoding loop puts at a fresh position (:func:`random_draft_tokens`).
 * gumbel stream, one call per (row, position, 4 tokens): counter = (v >> 2, pos, row_id, 0x80000000), lane v & 3.
   It does not depend on ``offset``, so the noise is the same in every iteration of a decoding loop.
 
@@ -59,6 +61,7 @@ __all__ = [
     "uniform_from_bits",
     "step_uniforms",
     "gumbel_uniforms",
+    "random_draft_tokens",
     "mixed_logits",
     "restrict_top_k",
     "target_probs",
@@ -157,6 +160,19 @@ def step_uniforms(seed: torch.Tensor, offset: torch.Tensor, positions: torch.Ten
         pos, row_id[:, None], offset & _MASK32, (offset >> 32) & _MASK32, k0[:, None], k1[:, None]
     )
     return uniform_from_bits(lane0), uniform_from_bits(lane1)
+
+
+def random_draft_tokens(seed: torch.Tensor, offset: torch.Tensor, positions: torch.Tensor, length: int, vocab: int) -> torch.Tensor:
+    """[B, L] int64 uniformly random tokens in [0, V) from lane 2 of the step stream (q = 1/V drafts).
+
+    Keyed like the verification uniforms, so a decoding loop's initial drafts depend on (seed, position, offset) only.
+    """
+    batch = positions.numel()
+    k0, k1, row_id = _seed_key(seed, batch)
+    offset = offset.reshape(-1)[0].to(torch.int64)
+    pos = _absolute_positions(positions, length)
+    _, _, lane2, _ = philox4x32(pos, row_id[:, None], offset & _MASK32, (offset >> 32) & _MASK32, k0[:, None], k1[:, None])
+    return (lane2 * vocab) >> 32
 
 
 def gumbel_uniforms(seed: torch.Tensor, positions: torch.Tensor, length: int, vocab: int) -> torch.Tensor:
@@ -347,15 +363,13 @@ def verify(
         q = draft_probs.to(compute_dtype)
         bad_probs = ~(torch.isfinite(q) & (q >= 0)).all(-1)
         q = torch.where(bad_probs[..., None], torch.zeros_like(q), q)
-    tvd = total_variation(p, q)
-    if draft_probs is None:
-        tvd = torch.where(has_draft, tvd, torch.full_like(tvd, float("nan")))
+    tvd = total_variation(p, q)  # q is the zero vector where there is neither a draft nor draft_probs: TVD = ½
 
     p_x = p.gather(-1, token_index).squeeze(-1)
     q_x = torch.where(has_draft, q.gather(-1, token_index).squeeze(-1), torch.zeros_like(p_x))
     accept_prob = acceptance_probability(p_x, q_x, h, tvd, mode, entropy_coef, tvd_threshold)
     strict_prob = acceptance_probability(p_x, q_x, h, tvd, "strict", entropy_coef, tvd_threshold)
-    q_times_a = accepted_mass(p, q, h, torch.nan_to_num(tvd, nan=1.0), mode, entropy_coef, tvd_threshold)
+    q_times_a = accepted_mass(p, q, h, tvd, mode, entropy_coef, tvd_threshold)
     distortion = torch.where(has_draft, closed_form_distortion(p, q, q_times_a), torch.zeros_like(h))
 
     if uniforms is None:
