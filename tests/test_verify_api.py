@@ -1,0 +1,208 @@
+"""The public op: argument errors, status reporting, torch.library registration, dispatch, fuzzing."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.library import opcheck
+
+import csd_kernels as ck
+from csd_kernels import reference as R
+
+BACKENDS = ck.available_backends("cpu")
+FAST_BACKENDS = [name for name in BACKENDS if name != "triton"]  # the interpreter is too slow for fuzzing
+
+
+def _inputs(batch=2, length=3, vocab=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, length, vocab, generator=g), torch.randint(0, vocab, (batch, length), generator=g)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad input: a ValueError that names the argument
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, argument",
+    [
+        (dict(temperature=-0.1), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_k=0), "top_k"),
+        (dict(top_k=2.5), "top_k"),
+        (dict(tvd_threshold=1.5), "tvd_threshold"),
+        (dict(tvd_threshold=-0.1), "tvd_threshold"),
+        (dict(entropy_coef=-1.0), "entropy_coef"),
+        (dict(entropy_coef=float("inf")), "entropy_coef"),
+        (dict(mode="fast"), "mode"),
+        (dict(next_drafts="best"), "next_drafts"),
+        (dict(cfg_scale=5.0), "cfg_scale"),
+        (dict(seed=-1), "seed"),
+        (dict(seed=1 << 64), "seed"),
+        (dict(seed=torch.tensor([1, 2, 3])), "seed"),
+        (dict(offset=1 << 63), "offset"),
+        (dict(offset=torch.tensor([1.0])), "offset"),
+        (dict(start=torch.tensor([0, 1, 2])), "start"),
+        (dict(start=torch.tensor([0.0, 1.0])), "start"),
+        (dict(positions="0"), "positions"),
+        (dict(start=torch.tensor([-1, 0])), "start"),
+        (dict(uncond_logits=torch.randn(2, 3, 4)), "uncond_logits"),
+        (dict(uncond_logits=torch.randn(2, 3, 5).double()), "uncond_logits"),
+        (dict(backend="tpu"), "backend"),
+    ],
+)
+def test_bad_arguments_raise_value_errors_naming_them(kwargs, argument):
+    logits, drafts = _inputs()
+    with pytest.raises(ValueError, match=argument):
+        ck.verify(logits, drafts, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "logits, drafts, probs, argument",
+    [
+        (torch.randn(2, 3), torch.zeros(2, 3, dtype=torch.long), None, "target_logits"),
+        (torch.randn(2, 3, 5).double(), torch.zeros(2, 3, dtype=torch.long), None, "target_logits"),
+        (torch.randn(2, 0, 5), torch.zeros(2, 0, dtype=torch.long), None, "target_logits"),
+        (torch.randn(2, 3, 5), torch.zeros(2, 4, dtype=torch.long), None, "draft_tokens"),
+        (torch.randn(2, 3, 5), torch.zeros(2, 3), None, "draft_tokens"),
+        (torch.randn(2, 3, 5), torch.zeros(2, 3, dtype=torch.long), torch.rand(2, 3, 4), "draft_probs"),
+        (torch.randn(2, 3, 5), torch.zeros(2, 3, dtype=torch.long), torch.rand(2, 3, 5).half(), "draft_probs"),
+    ],
+)
+def test_bad_shapes_and_dtypes(logits, drafts, probs, argument):
+    with pytest.raises(ValueError, match=argument):
+        ck.verify(logits, drafts, probs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", ["target_logits", "uncond_logits"])
+def test_non_finite_logits_are_reported_and_never_give_out_of_range_tokens(backend, bad, where):
+    logits, drafts = _inputs(batch=3)
+    uncond = torch.zeros_like(logits)
+    (logits if where == "target_logits" else uncond)[1, 1, 2] = bad
+    kwargs = dict(uncond_logits=uncond, cfg_scale=2.0, backend=backend)
+    with pytest.raises(ValueError, match="NaN or ±Inf"):
+        ck.verify(logits, drafts, **kwargs)
+    res = ck.verify(logits, drafts, validate=False, **kwargs)
+    assert res.status.tolist() == [0, R.STATUS_BAD_LOGITS, 0]
+    assert ((res.tokens >= 0) & (res.tokens < 5)).all()
+    assert res.accept_len[1] <= 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_draft_values_are_reported(backend):
+    logits, drafts = _inputs()
+    out_of_range = drafts.clone()
+    out_of_range[0, 1] = 5
+    with pytest.raises(ValueError, match=r"draft_tokens must lie in \[-1, V\)"):
+        ck.verify(logits, out_of_range, backend=backend)
+    res = ck.verify(logits, out_of_range, backend=backend, validate=False)
+    assert res.status.tolist() == [R.STATUS_BAD_DRAFT_TOKEN, 0] and ((res.tokens >= 0) & (res.tokens < 5)).all()
+    probs = torch.softmax(torch.randn(2, 3, 5), -1)
+    probs[1, 0, 0] = -0.5
+    with pytest.raises(ValueError, match="draft_probs must be finite and non-negative"):
+        ck.verify(logits, drafts, probs, backend=backend)
+    missing = drafts.clone()
+    missing[1, 0] = -1
+    with pytest.raises(ValueError, match="committed position"):
+        ck.verify(logits, missing, start=torch.tensor([0, 2]), backend=backend)
+
+
+def test_mismatched_devices_are_named():
+    logits, drafts = _inputs()
+    with pytest.raises(ValueError, match="draft_tokens is on meta"):
+        ck.verify(logits, drafts.to("meta"))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Dispatch
+# ---------------------------------------------------------------------------------------------------------------------
+def test_available_backends_lists_runnable_ones_in_auto_order():
+    assert BACKENDS[-1] in ("torch", "triton") and "torch" in BACKENDS
+    logits, drafts = _inputs()
+    assert torch.equal(ck.verify(logits, drafts, seed=4).tokens, ck.verify(logits, drafts, seed=4, backend=BACKENDS[0]).tokens)
+
+
+def test_unavailable_backend_says_how_to_get_it(monkeypatch):
+    logits, drafts = _inputs()
+    with pytest.raises(RuntimeError, match="cuda"):
+        ck.verify(logits, drafts, backend="cuda")
+    monkeypatch.setenv("CSD_KERNELS_BACKEND", "cuda")
+    with pytest.raises(RuntimeError, match="CSD_KERNELS_BACKEND"):
+        ck.verify(logits, drafts)
+    monkeypatch.setenv("CSD_KERNELS_BACKEND", "torch")
+    assert ck.verify(logits, drafts).tokens.shape == (2, 3)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# torch.library: opcheck and torch.compile
+# ---------------------------------------------------------------------------------------------------------------------
+def _op_args(backend, with_probs):
+    logits, drafts = _inputs(batch=2, length=4, vocab=9)
+    drafts[0, 2] = -1
+    probs = torch.full((1, 1, 1), 1 / 9).expand(2, 4, 9) if with_probs else None
+    zeros = torch.zeros(2, dtype=torch.int64)
+    return (logits, drafts, probs, torch.randn(2, 4, 9), 3.0, 0.7, 5, 1, 0.5, 0.65, zeros, 1, zeros,
+            torch.tensor([3]), torch.tensor([1]), True, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_probs", [False, True])
+def test_opcheck(backend, with_probs):
+    opcheck(torch.ops.csd_kernels.verify.default, _op_args(backend, with_probs))
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ extension is not built")
+def test_opcheck_compiled_op():
+    opcheck(torch.ops.csd_kernels.verify_rows.default, _op_args("cpu", True)[:-1])
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_torch_compile_fullgraph(backend):
+    logits, drafts = _inputs(batch=3, length=4, vocab=11)
+
+    def step(logits, drafts):
+        res = ck.verify(logits, drafts, seed=torch.tensor([7]), offset=torch.tensor([2]), mode="csd", validate=False,
+                        backend=backend)
+        return res.accept_len, res.tokens, res.entropy
+
+    compiled = torch.compile(step, fullgraph=True)
+    for got, expected in zip(compiled(logits, drafts), step(logits, drafts)):
+        assert torch.equal(got, expected)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Fuzzing: every fast backend against the reference on random shapes and parameters
+# ---------------------------------------------------------------------------------------------------------------------
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    batch=st.integers(1, 4), length=st.integers(1, 6), vocab=st.integers(1, 300), data=st.data(),
+    mode=st.sampled_from(R.MODES), next_drafts=st.sampled_from(R.NEXT_DRAFTS),
+    temperature=st.sampled_from([0.0, 0.5, 1.0, 2.0]), cfg=st.sampled_from([None, 1.0, 4.0]),
+    with_probs=st.booleans(), seed=st.integers(0, 2**64 - 1),
+)
+def test_fuzz_backends_against_reference(batch, length, vocab, data, mode, next_drafts, temperature, cfg, with_probs, seed):
+    g = torch.Generator().manual_seed(seed % (2**63))
+    logits = 4 * torch.randn(batch, length, vocab, generator=g)
+    uncond = torch.randn(batch, length, vocab, generator=g) if cfg is not None else None
+    probs = torch.softmax(3 * torch.randn(batch, length, vocab, generator=g), -1) if with_probs else None
+    drafts = torch.randint(-1, vocab, (batch, length), generator=g)
+    start = torch.randint(0, length + 1, (batch,), generator=g)
+    drafts = torch.where(torch.arange(length) < start[:, None], drafts.clamp(min=0), drafts)
+    top_k = data.draw(st.one_of(st.none(), st.integers(1, vocab + 2)))
+    kwargs = dict(uncond_logits=uncond, cfg_scale=cfg or 1.0, temperature=temperature, top_k=top_k, mode=mode,
+                  entropy_coef=data.draw(st.floats(0, 2)), tvd_threshold=data.draw(st.floats(0, 1)), start=start,
+                  next_drafts=next_drafts, positions=torch.randint(0, 2**40, (batch,), generator=g), seed=seed,
+                  offset=data.draw(st.integers(0, 2**63 - 1)))
+    expected = ck.verify(logits, drafts, probs, backend="torch", **kwargs)
+    assert ((expected.tokens >= 0) & (expected.tokens < vocab)).all()
+    assert ((expected.accept_len >= start.clamp(max=length)) & (expected.accept_len <= length)).all()
+    for b, n in enumerate(expected.accept_len.tolist()):
+        assert torch.equal(expected.tokens[b, :n], drafts[b, :n])
+    for backend in FAST_BACKENDS:
+        got = ck.verify(logits, drafts, probs, backend=backend, **kwargs)
+        assert torch.equal(got.accept_len, expected.accept_len) and torch.equal(got.tokens, expected.tokens)
+        for name in ("probs", "entropy", "tvd", "accept_prob", "distortion"):
+            assert torch.allclose(getattr(got, name), getattr(expected, name), rtol=1e-4, atol=1e-5), name
+    assert math.isfinite(expected.entropy.sum().item())
