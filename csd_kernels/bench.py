@@ -1,0 +1,173 @@
+"""Microbenchmarks of the verify op: every backend against reading the inputs once and against a Python loop.
+
+The Python loop is the CSD authors' verification as they wrote it: loops over batch and positions with a host sync
+per position, a [B, L, V] uniform tensor drawn per step of which one value per position is used. "Read once" is a
+``torch.sum`` over the same input tensors in the same run: the floor any one-pass kernel is measured against.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .dispatch import available_backends
+from .ops import verify
+
+JANUS_VOCAB, LUMINA_VOCAB = 16384, 8192
+DEFAULT_SHAPES = [(b, 16, v) for v in (JANUS_VOCAB, LUMINA_VOCAB) for b in (1, 4, 16)]
+
+
+@dataclass
+class BenchRow:
+    backend: str
+    batch: int
+    length: int
+    vocab: int
+    return_probs: bool
+    seconds: float  # median per call
+    read_once_seconds: float
+    python_loop_seconds: float
+
+    @property
+    def vs_read_once(self) -> float:
+        return self.seconds / self.read_once_seconds
+
+    @property
+    def speedup_vs_loop(self) -> float:
+        return self.python_loop_seconds / self.seconds
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 2) -> float:
+    """Median wall time of fn() over ``repeats`` calls (synchronised on CUDA)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        _sync(device)
+        begin = time.perf_counter()
+        fn()
+        _sync(device)
+        samples.append(time.perf_counter() - begin)
+    return statistics.median(samples)
+
+
+def authors_python_loop(cond, uncond, q, drafts, cfg_scale=5.0, entropy_coef=0.5, tvd_threshold=0.65, temperature=1.0):
+    """The CSD authors' verification, transcribed from its description: a Python loop per row and position."""
+    logits = uncond + cfg_scale * (cond - uncond)
+    p = torch.softmax(logits.float() / temperature, dim=-1)
+    batch, length, _ = p.shape
+    random = torch.rand_like(p)  # one [B, L, V] tensor per step, one value of it used per position
+    tokens = drafts.clone()
+    accept_len = []
+    for b in range(batch):
+        n = length
+        for i in range(length):
+            p_i, q_i = p[b, i].clamp(min=1e-10), q[b, i].clamp(min=1e-10)
+            h = -(p_i * p_i.log()).sum()
+            tvd = 0.5 * (p_i - q_i).abs().sum()
+            x = int(drafts[b, i])
+            ratio = p_i[x] / q_i[x]
+            a = torch.clamp(ratio + entropy_coef * h, max=1.0) if tvd < tvd_threshold else torch.clamp(ratio, max=1.0)
+            if random[b, i, x] < a:
+                continue
+            residual = (p_i - q_i).clamp(min=0)
+            tokens[b, i] = torch.multinomial(residual / residual.sum(), 1)[0]
+            n = i
+            break
+        accept_len.append(n)
+    return tokens, accept_len
+
+
+def make_inputs(batch, length, vocab, device, dtype=torch.bfloat16, seed=0):
+    """A CFG batch as a model returns it: [cond; uncond] rows interleaved, plus the previous iteration's q."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    both = (2 * torch.randn(2 * batch, length, vocab, generator=g)).to(device=device, dtype=dtype)
+    q = torch.softmax(2 * torch.randn(batch, length, vocab, generator=g), -1).to(device)
+    drafts = torch.multinomial(q.reshape(-1, vocab).cpu(), 1, generator=g).reshape(batch, length).to(device)
+    return both[0::2], both[1::2], q, drafts
+
+
+def run(shapes=None, backends: Optional[list[str]] = None, device: str = "cpu", repeats: int = 20,
+        loop_repeats: int = 3, return_probs_options=(True, False)) -> list[BenchRow]:
+    """Time every backend on every shape; the interpreted Triton backend is left out on CPU (it is a test tool)."""
+    device = torch.device(device)
+    if backends is None:
+        backends = [name for name in available_backends(device) if not (name == "triton" and device.type == "cpu")]
+    rows = []
+    for batch, length, vocab in shapes or DEFAULT_SHAPES:
+        cond, uncond, q, drafts = make_inputs(batch, length, vocab, device)
+        read_once = time_call(lambda: (cond.sum(), uncond.sum(), q.sum()), device, repeats)
+        python_loop = time_call(lambda: authors_python_loop(cond, uncond, q, drafts), device, loop_repeats, warmup=1)
+        for backend in backends:
+            for return_probs in return_probs_options:
+                seconds = time_call(
+                    lambda: verify(cond, drafts, q, uncond_logits=uncond, cfg_scale=5.0, mode="csd", seed=0,
+                                   return_probs=return_probs, backend=backend, validate=False),
+                    device, repeats,
+                )
+                rows.append(BenchRow(backend, batch, length, vocab, return_probs, seconds, read_once, python_loop))
+    return rows
+
+
+def format_table(rows: list[BenchRow]) -> str:
+    header = f"{'backend':8} {'B':>3} {'L':>3} {'V':>6} {'probs':>5} {'time':>10} {'x read-once':>11} {'x faster than loop':>18}"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(f"{r.backend:8} {r.batch:3d} {r.length:3d} {r.vocab:6d} {str(r.return_probs):>5} "
+                     f"{r.seconds * 1e6:8.0f}µs {r.vs_read_once:11.2f} {r.speedup_vs_loop:18.1f}")
+    return "\n".join(lines)
+
+
+def save(rows: list[BenchRow], out_dir: str, device_name: str) -> dict[str, str]:
+    """Write verify.json, verify.csv and verify.png (time against batch, per vocabulary) into out_dir."""
+    os.makedirs(out_dir, exist_ok=True)
+    records = [dict(asdict(r), vs_read_once=r.vs_read_once, speedup_vs_loop=r.speedup_vs_loop) for r in rows]
+    paths = {name: os.path.join(out_dir, f"verify.{name}") for name in ("json", "csv", "png")}
+    with open(paths["json"], "w") as f:
+        json.dump({"device": device_name, "torch": torch.__version__, "rows": records}, f, indent=2)
+    with open(paths["csv"], "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows(records)
+    _plot(rows, paths["png"], device_name)
+    return paths
+
+
+def _plot(rows: list[BenchRow], path: str, device_name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    vocabs = sorted({r.vocab for r in rows})
+    fig, axes = plt.subplots(1, len(vocabs), figsize=(5 * len(vocabs), 4), squeeze=False)
+    for ax, vocab in zip(axes[0], vocabs):
+        subset = [r for r in rows if r.vocab == vocab]
+        batches = sorted({r.batch for r in subset})
+        for backend in sorted({r.backend for r in subset}):
+            for return_probs in (True, False):
+                points = [r for r in subset if r.backend == backend and r.return_probs == return_probs]
+                if points:
+                    ax.plot([r.batch for r in points], [r.seconds * 1e6 for r in points], marker="o",
+                            linestyle="-" if return_probs else "--", label=f"{backend}{'' if return_probs else ' (no probs)'}")
+        read_once = {r.batch: r.read_once_seconds for r in subset}
+        loop = {r.batch: r.python_loop_seconds for r in subset}
+        ax.plot(batches, [read_once[b] * 1e6 for b in batches], color="black", linestyle=":", label="read inputs once")
+        ax.plot(batches, [loop[b] * 1e6 for b in batches], color="grey", linestyle="-.", label="authors' Python loop")
+        ax.set(xscale="log", yscale="log", xlabel="batch B (L = 16)", ylabel="µs per call", title=f"V = {vocab} ({device_name})")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
