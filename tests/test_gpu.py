@@ -1,0 +1,83 @@
+"""GPU backends (Triton, CUDA) on CUDA tensors: against the reference, across devices, under CUDA graphs, without
+host syncs. Skipped without a GPU (run them with benchmarks/gpu_check.sh)."""
+
+import pytest
+import torch
+
+import csd_kernels as ck
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+
+GPU_BACKENDS = [name for name in ck.available_backends("cuda") if name != "torch"] if torch.cuda.is_available() else []
+
+
+def _inputs(batch, length, vocab, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    both = (3 * torch.randn(2 * batch, length, vocab, generator=g)).to(dtype)
+    q = torch.softmax(2 * torch.randn(batch, length, vocab, generator=g), -1)
+    drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).reshape(batch, length)
+    drafts[:, -1] = -1
+    return both, q, drafts
+
+
+def test_a_gpu_backend_is_available():
+    assert GPU_BACKENDS, f"no GPU backend can run: {ck.available_backends('cuda')}"
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("shape", [(1, 16, 16384), (16, 16, 16384), (4, 16, 8192), (3, 5, 7), (2, 3, 100_000)])
+@pytest.mark.parametrize("next_drafts", ["independent", "maximal", "gumbel"])
+def test_gpu_backend_matches_reference(backend, shape, next_drafts):
+    both, q, drafts = (t.cuda() for t in _inputs(*shape))
+    kwargs = dict(uncond_logits=both[1::2], cfg_scale=5.0, mode="csd", next_drafts=next_drafts, seed=3, offset=7,
+                  positions=torch.arange(shape[0], device="cuda") * 16)
+    got = ck.verify(both[0::2], drafts, q, backend=backend, **kwargs)
+    expected = ck.verify(both[0::2], drafts, q, backend="torch", **kwargs)
+    same_rows = ((got.tokens == expected.tokens).all(-1) & (got.accept_len == expected.accept_len)).float().mean()
+    assert same_rows >= 0.999 if shape[0] >= 1000 else same_rows == 1.0
+    for name in ("probs", "entropy", "tvd", "accept_prob", "distortion"):
+        assert torch.allclose(getattr(got, name), getattr(expected, name), rtol=1e-4, atol=1e-5), name
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_same_tokens_as_the_cpu_backend(backend):
+    both, q, drafts = _inputs(512, 16, 4096, seed=1)
+    cpu_backend = ck.available_backends("cpu")[0]
+    kwargs = dict(cfg_scale=5.0, mode="csd", seed=11)
+    on_cpu = ck.verify(both[0::2], drafts, q, uncond_logits=both[1::2], backend=cpu_backend, **kwargs)
+    both, q, drafts = both.cuda(), q.cuda(), drafts.cuda()
+    on_gpu = ck.verify(both[0::2], drafts, q, uncond_logits=both[1::2], backend=backend, **kwargs)
+    same = ((on_gpu.tokens.cpu() == on_cpu.tokens).all(-1) & (on_gpu.accept_len.cpu() == on_cpu.accept_len)).float()
+    assert same.mean() >= 0.999
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_no_host_sync_and_cuda_graph_replay(backend):
+    both, q, drafts = (t.cuda() for t in _inputs(4, 16, 16384))
+    seed = torch.tensor([5], device="cuda")
+    offset = torch.tensor([0], device="cuda")
+
+    def step():
+        return ck.verify(both[0::2], drafts, q, uncond_logits=both[1::2], cfg_scale=5.0, seed=seed, offset=offset,
+                         backend=backend, validate=False)
+
+    step()  # compile / warm up outside the checks
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        step()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = step()
+    for value in (3, 4):
+        offset.fill_(value)
+        graph.replay()
+        eager = ck.verify(both[0::2], drafts, q, uncond_logits=both[1::2], cfg_scale=5.0, seed=5, offset=value,
+                          backend=backend)
+        assert torch.equal(captured.tokens, eager.tokens) and torch.equal(captured.accept_len, eager.accept_len)
