@@ -1,0 +1,307 @@
+"""The ``csd`` command (also ``python -m csd_kernels``).
+
+    csd generate --model digits --prompt 7 --mode csd --num 16 --seed 0 --out out/
+    csd compare  --model digits --prompt 7 --num 64
+    csd bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .decoding import COUPLINGS, DRAFT_INITS, MODES, generate
+
+# The rows of `csd compare`: (label, mode, coupling).
+COMPARE_RUNS = [
+    ("ar", "ar", None),
+    ("sjd", "sjd", "none"),
+    ("sjd+maximal", "sjd", "maximal"),
+    ("sjd+gumbel", "sjd", "gumbel"),
+    ("gsd", "gsd", None),
+    ("csd", "csd", "none"),
+    ("csd+maximal", "csd", "maximal"),
+    ("csd+gumbel", "csd", "gumbel"),
+]
+
+
+class UsageError(ValueError):
+    """A bad command line: printed as one line and exit status 2."""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------------------------------
+def _writable_dir(path: str) -> str:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {path}: cannot create the folder ({exc.strerror})") from exc
+    if not os.access(path, os.W_OK):
+        raise UsageError(f"--out {path}: the folder is not writable")
+    return path
+
+
+def _load(name: str):
+    from . import zoo
+
+    if name not in zoo.MODEL_NAMES:
+        raise UsageError(f"--model {name!r}: unknown model; choose from {', '.join(zoo.MODEL_NAMES)}")
+    return zoo.load(name)
+
+
+def _input_ids(entry, prompt: str, num: int) -> torch.Tensor:
+    try:
+        return entry.prompt_ids([prompt] * num)
+    except ValueError as exc:
+        raise UsageError(f"--prompt: {exc}") from exc
+
+
+def _generate_kwargs(args, entry) -> dict:
+    kwargs = dict(entry.defaults)
+    for name in ("window", "cfg_scale", "temperature", "top_k", "entropy_coef", "tvd_threshold", "draft_init", "backend"):
+        value = getattr(args, name, None)
+        if value is not None:
+            kwargs[name] = value
+    return kwargs
+
+
+def passes_per_row(out) -> np.ndarray:
+    """[B] forward passes each row needed: the passes in which it still committed tokens.
+
+    The loop gives every row its own window, so this is the count the row would need if generated alone.
+    """
+    committed = np.asarray(out.accepted)  # [passes, B]
+    return (committed > 0).sum(0)
+
+
+def _save_png(array: np.ndarray, path: str, scale: int = 1) -> None:
+    from PIL import Image
+
+    image = Image.fromarray(array)
+    if scale > 1:
+        image = image.resize((image.width * scale, image.height * scale), Image.NEAREST)
+    image.save(path)
+
+
+def _tile(images: np.ndarray, columns: int) -> np.ndarray:
+    """[N, H, W, C] -> one [rows·(H+1), columns·(W+1), C] mosaic with 1-pixel gutters."""
+    count, height, width, channels = images.shape
+    rows = -(-count // columns)
+    mosaic = np.full((rows * (height + 1) + 1, columns * (width + 1) + 1, channels), 255, dtype=np.uint8)
+    for index, image in enumerate(images):
+        r, c = divmod(index, columns)
+        mosaic[1 + r * (height + 1): 1 + r * (height + 1) + height, 1 + c * (width + 1): 1 + c * (width + 1) + width] = image
+    return mosaic
+
+
+def _save_maps(out, path: str, columns: int) -> None:
+    """Entropy and acceptance maps of every image side by side, colour-mapped, one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 5))
+    for ax, (title, maps, cmap) in zip(axes, [("entropy of p (nats)", out.entropy_map, "magma"),
+                                              ("acceptance probability a(x)", out.accept_map, "viridis")]):
+        maps = maps.float().cpu().numpy()[..., None]
+        mosaic = _tile(maps, columns)[..., 0].astype(np.float32)
+        shown = ax.imshow(np.where(_tile(np.zeros_like(maps), columns)[..., 0] == 255, np.nan, mosaic), cmap=cmap)
+        ax.set_title(title)
+        ax.axis("off")
+        fig.colorbar(shown, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# commands
+# ----------------------------------------------------------------------------------------------------------------------
+def cmd_generate(args) -> dict:
+    entry = _load(args.model)
+    out_dir = _writable_dir(args.out)
+    input_ids = _input_ids(entry, args.prompt, args.num)
+    kwargs = _generate_kwargs(args, entry)
+    begin = time.perf_counter()
+    out = generate(entry.model, input_ids, mode=args.mode, coupling=args.coupling, seed=args.seed,
+                   progress=not args.quiet, **kwargs)
+    wall = time.perf_counter() - begin
+    if out.images is None:
+        raise UsageError(f"--model {args.model}: this model has no pixel decoder")
+    images = out.images.cpu().numpy()
+    columns = int(np.ceil(np.sqrt(len(images))))
+    for index, image in enumerate(images):
+        _save_png(image, os.path.join(out_dir, f"img_{index:03d}.png"))
+    _save_png(_tile(images, columns), os.path.join(out_dir, "grid.png"), scale=4)
+    _save_maps(out, os.path.join(out_dir, "maps.png"), columns)
+    per_row = passes_per_row(out)
+    tokens = out.tokens.shape[1]
+    stats = {
+        "model": args.model, "prompt": args.prompt, "mode": args.mode, "num": args.num, "seed": args.seed,
+        "parameters": dict(kwargs, coupling=args.coupling),
+        "forward_passes": out.forward_passes,
+        "prefill_passes": out.prefill_passes,
+        "forward_passes_per_image": float(per_row.mean()),
+        "tokens_per_pass": tokens / float(per_row.mean()),
+        "tokens_per_image": tokens,
+        "wall_seconds": wall,
+        "timings": out.timings,
+        "mean_distortion": float(torch.nan_to_num(out.distortion_map, nan=0.0).mean()),
+        "mean_entropy": float(out.entropy_map.mean()),
+    }
+    if entry.quality is not None:
+        stats["quality"] = entry.quality(out.tokens, [args.prompt] * args.num)
+    with open(os.path.join(out_dir, "stats.json"), "w") as f:
+        json.dump(stats, f, indent=2)
+    print(f"{args.mode}: {args.num} images, {stats['forward_passes_per_image']:.1f} forward passes per image "
+          f"({stats['tokens_per_pass']:.2f} tokens/pass), {wall:.2f} s -> {out_dir}")
+    return stats
+
+
+def run_compare(entry, prompt: str, num: int, seeds: list[int], runs=COMPARE_RUNS, generate_kwargs=None,
+                progress: bool = False) -> dict:
+    """Every run of ``runs`` on the same prompts and seeds; per run, the mean and spread over seeds."""
+    input_ids = entry.prompt_ids([prompt] * num)
+    generate_kwargs = dict(entry.defaults, **(generate_kwargs or {}))
+    results, samples = {}, {}
+    for label, mode, coupling in runs:
+        per_seed = []
+        for seed in seeds:
+            begin = time.perf_counter()
+            out = generate(entry.model, input_ids, mode=mode, coupling=coupling, seed=seed * num, progress=progress,
+                           **generate_kwargs)
+            record = {"passes": float(passes_per_row(out).mean()), "wall": time.perf_counter() - begin,
+                      "distortion": float(torch.nan_to_num(out.distortion_map, nan=0.0).mean())}
+            if entry.quality is not None:
+                record.update(entry.quality(out.tokens, [prompt] * num))
+            per_seed.append(record)
+            if seed == seeds[0]:
+                samples[label] = out.images.cpu().numpy() if out.images is not None else None
+        results[label] = {key: {"mean": float(np.mean([r[key] for r in per_seed])),
+                                "std": float(np.std([r[key] for r in per_seed]))} for key in per_seed[0]}
+    base = results[runs[0][0]]["passes"]["mean"]
+    for label in results:
+        results[label]["speedup"] = base / results[label]["passes"]["mean"]
+    return {"results": results, "samples": samples}
+
+
+def format_compare(results: dict) -> str:
+    has_quality = "accuracy" in next(iter(results.values()))
+    header = f"{'run':12} {'passes/img':>14} {'speed-up':>8} {'wall s':>12} {'distortion':>10}"
+    if has_quality:
+        header += f" {'accuracy':>13} {'Fréchet':>13}"
+    lines = [header, "-" * len(header)]
+    pm = lambda r, key, fmt: f"{format(r[key]['mean'], fmt)}±{format(r[key]['std'], fmt)}"  # noqa: E731
+    for label, r in results.items():
+        line = (f"{label:12} {pm(r, 'passes', '.1f'):>14} {r['speedup']:7.2f}x {pm(r, 'wall', '.2f'):>12} "
+                f"{r['distortion']['mean']:10.4f}")
+        if has_quality:
+            line += f" {pm(r, 'accuracy', '.3f'):>13} {pm(r, 'frechet', '.2f'):>13}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def cmd_compare(args) -> dict:
+    entry = _load(args.model)
+    out_dir = _writable_dir(args.out)
+    _input_ids(entry, args.prompt, 1)  # a bad prompt fails before any work
+    seeds = list(range(args.seeds))
+    report = run_compare(entry, args.prompt, args.num, seeds, generate_kwargs=_generate_kwargs(args, entry),
+                         progress=not args.quiet)
+    table = format_compare(report["results"])
+    print(table)
+    samples = report.pop("samples")
+    shown = min(args.num, 8)
+    if all(images is not None for images in samples.values()):
+        rows = np.concatenate([images[:shown] for images in samples.values()])
+        _save_png(_tile(rows, shown), os.path.join(out_dir, "compare.png"), scale=4)
+    report.update(model=args.model, prompt=args.prompt, num=args.num, seeds=seeds,
+                  rows_of_compare_png=list(samples), table=table)
+    with open(os.path.join(out_dir, "compare.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    return report
+
+
+def cmd_bench(args) -> list:
+    from . import bench
+
+    out_dir = _writable_dir(args.out)
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no GPU is visible to torch")
+    name = torch.cuda.get_device_name() if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    shapes = None if not args.quick else [(1, 16, 16384), (4, 16, 8192)]
+    rows = bench.run(shapes=shapes, device=device, repeats=args.repeats)
+    print(bench.format_table(rows))
+    for path in bench.save(rows, out_dir, name).values():
+        print(f"wrote {path}")
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# argument parsing
+# ----------------------------------------------------------------------------------------------------------------------
+def _add_sampling(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="digits", help="a zoo model (default: digits)")
+    parser.add_argument("--prompt", required=True, help="the prompt (digits: a class id 0..9)")
+    parser.add_argument("--num", type=int, default=16, help="images per run (default 16)")
+    parser.add_argument("--window", type=int, help="Jacobi window (default 16)")
+    parser.add_argument("--cfg-scale", dest="cfg_scale", type=float, help="classifier-free guidance scale")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-k", dest="top_k", type=int)
+    parser.add_argument("--entropy-coef", dest="entropy_coef", type=float, help="CSD λ (default 0.5)")
+    parser.add_argument("--tvd-threshold", dest="tvd_threshold", type=float, help="CSD τ (default 0.65)")
+    parser.add_argument("--draft-init", dest="draft_init", choices=DRAFT_INITS)
+    parser.add_argument("--backend", help="verify backend (default: the best available)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="csd", description="Content-aware speculative decoding of AR image models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="generate images, write PNGs, maps and stats.json")
+    _add_sampling(gen)
+    gen.add_argument("--mode", default="csd", choices=MODES)
+    gen.add_argument("--coupling", choices=sorted(COUPLINGS), help="next drafts of sjd/csd (default: the lossless-tested choice)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--out", default="out")
+    gen.set_defaults(handler=cmd_generate)
+
+    cmp = commands.add_parser("compare", help="ar, sjd, gsd and csd on the same prompts and seeds: speed and quality")
+    _add_sampling(cmp)
+    cmp.add_argument("--seeds", type=int, default=3, help="repeats with different seeds, for the spread (default 3)")
+    cmp.add_argument("--out", default="out/compare")
+    cmp.set_defaults(handler=cmd_compare, num=64)
+
+    bench = commands.add_parser("bench", help="microbenchmarks of the verify op on every available backend")
+    bench.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    bench.add_argument("--repeats", type=int, default=20)
+    bench.add_argument("--quick", action="store_true", help="two shapes instead of six")
+    bench.add_argument("--out", default="benchmarks/results")
+    bench.set_defaults(handler=cmd_bench)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.handler(args)
+    except UsageError as exc:
+        print(f"csd {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
