@@ -1,0 +1,324 @@
+"""The Triton backend against the reference maths (reference.verify in float32).
+
+On CPU this runs through Triton's interpreter, which has to be switched on before triton is imported.  Shapes are
+kept small: the interpreter executes every block op in numpy.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from csd_kernels import reference as ref  # noqa: E402
+from csd_kernels import triton_verify as tv  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("triton on CPU needs TRITON_INTERPRET=1 before triton is imported", allow_module_level=True)
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's log(0) / inf·0 inside the interpreter
+
+MASK32 = 0xFFFFFFFF
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Philox streams, bit for bit
+# ----------------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _philox_kernel(c_ptr, k_ptr, out_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    c0 = tl.load(c_ptr + 4 * offs + 0, mask=mask, other=0).to(tl.uint32)
+    c1 = tl.load(c_ptr + 4 * offs + 1, mask=mask, other=0).to(tl.uint32)
+    c2 = tl.load(c_ptr + 4 * offs + 2, mask=mask, other=0).to(tl.uint32)
+    c3 = tl.load(c_ptr + 4 * offs + 3, mask=mask, other=0).to(tl.uint32)
+    k0 = tl.load(k_ptr + 2 * offs + 0, mask=mask, other=0).to(tl.uint32)
+    k1 = tl.load(k_ptr + 2 * offs + 1, mask=mask, other=0).to(tl.uint32)
+    w0, w1, w2, w3 = tv._philox(c0, c1, c2, c3, k0, k1)
+    tl.store(out_ptr + 4 * offs + 0, w0.to(tl.int64), mask=mask)
+    tl.store(out_ptr + 4 * offs + 1, w1.to(tl.int64), mask=mask)
+    tl.store(out_ptr + 4 * offs + 2, w2.to(tl.int64), mask=mask)
+    tl.store(out_ptr + 4 * offs + 3, w3.to(tl.int64), mask=mask)
+
+
+@triton.jit
+def _streams_kernel(seed_ptr, seed_stride, positions_ptr, offset_ptr, ua_ptr, us_ptr, g_ptr, L, V,
+                    PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The same helpers the verification kernels call, writing the uniforms out."""
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // L
+    i = pid % L
+    pos, row_id, k0, k1, u_acc, u_smp = tv._position_rng(seed_ptr, seed_stride, positions_ptr, 1, offset_ptr, b, i,
+                                                         PER_ROW_SEED)
+    tl.store(ua_ptr + pid, u_acc)
+    tl.store(us_ptr + pid, u_smp)
+    for v0 in range(0, V, BLOCK_V):  # chunked, as the large-V kernel draws them
+        offs = v0 + tl.arange(0, BLOCK_V)
+        g = tv._gumbel_uniforms(v0, pos, row_id, k0, k1, BLOCK_V)
+        tl.store(g_ptr + pid * V + offs, g, mask=offs < V)
+
+
+def test_philox_words_bit_identical():
+    gen = torch.Generator().manual_seed(1)
+    n = 200
+    counters = torch.randint(0, 2**32, (n, 4), generator=gen, dtype=torch.int64)
+    keys = torch.randint(0, 2**32, (n, 2), generator=gen, dtype=torch.int64)
+    counters[:4] = torch.tensor([[0, 0, 0, 0], [MASK32] * 4, [MASK32, 0, MASK32, 0x80000000], [1, 2, 3, 4]])
+    keys[:4] = torch.tensor([[0, 0], [MASK32, MASK32], [0x9E3779B9, 0xBB67AE85], [MASK32, 0]])
+    out = torch.empty((n, 4), dtype=torch.int64)
+    _philox_kernel[(1,)](counters.to(DEVICE), keys.to(DEVICE), out_d := out.to(DEVICE), n, BLOCK=256)
+    expected = torch.stack(ref.philox4x32(*counters.unbind(-1), *keys.unbind(-1)), -1)
+    assert torch.equal(out_d.cpu(), expected)
+    # the published known-answer vector of Philox4x32-10 (Random123 kat_vectors)
+    kat = ref.philox4x32(*(torch.tensor([MASK32]) for _ in range(4)), torch.tensor([MASK32]), torch.tensor([MASK32]))
+    assert [int(w) for w in kat] == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+
+
+@pytest.mark.parametrize(
+    "seed, offset, positions, length, vocab",
+    [
+        ([7], 0, [0, 5, 11], 4, 13),
+        ([2**32 + 3], 2**40 + 17, [2**32 - 2, 2**32 - 1, 0], 5, 9),  # seed >= 2^32, large offset, pos wrap
+        ([1, 2**33 + 5, 2**63 - 1, -1, -2**63], 2**63 - 1, [2**32 - 3, 123456789, 2**40 + 2, 7, 9], 5, 10),  # per-row seeds, seeds >= 2^63 as int64
+        ([0], 12345678901, [3], 1, 1),
+    ],
+)
+def test_stream_uniforms_bit_identical(seed, offset, positions, length, vocab):
+    seed = torch.tensor(seed, dtype=torch.int64)
+    offset = torch.tensor([offset], dtype=torch.int64)
+    positions = torch.tensor(positions, dtype=torch.int64)
+    batch = positions.numel()
+    ua = torch.empty((batch, length), dtype=torch.float32, device=DEVICE)
+    us = torch.empty_like(ua)
+    g = torch.empty((batch, length, vocab), dtype=torch.float32, device=DEVICE)
+    per_row = seed.numel() != 1
+    _streams_kernel[(batch * length,)](seed.to(DEVICE), 1 if per_row else 0, positions.to(DEVICE), offset.to(DEVICE),
+                                       ua, us, g, length, vocab, PER_ROW_SEED=per_row, BLOCK_V=8)
+    ea, es = ref.step_uniforms(seed, offset, positions, length)
+    eg = ref.gumbel_uniforms(seed, positions, length, vocab)
+    bits = lambda t: t.cpu().view(torch.int32)  # noqa: E731
+    assert torch.equal(bits(ua), bits(ea))
+    assert torch.equal(bits(us), bits(es))
+    assert torch.equal(bits(g), bits(eg))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The whole op against reference.verify
+# ----------------------------------------------------------------------------------------------------------------------
+def make_case(B, L, V, *, dtype=torch.float32, uncond=True, q="dense", start=0, seed_rows=False, strided=False,
+              int_logits=False, gen_seed=0, bad_tokens=False):
+    gen = torch.Generator().manual_seed(gen_seed)
+
+    def logits():
+        if int_logits:  # many exact ties (incl. -0.0 vs +0.0)
+            x = torch.randint(-2, 3, (B, 2 * L if strided else L, V), generator=gen).float()
+            return torch.where(torch.rand(x.shape, generator=gen) < 0.3, -0.0 * x.abs(), x).to(dtype)
+        x = torch.randn(B, 2 * L if strided else L, V, generator=gen) * 3
+        return x.to(dtype)
+
+    if strided and uncond:  # cond / uncond rows interleaved in one CFG batch, window positions strided too
+        big = torch.stack([logits(), logits()], 1).reshape(2 * B, 2 * L, V)
+        c, u = big[0::2, ::2], big[1::2, ::2]
+    else:
+        c = logits()[:, ::2] if strided else logits()
+        u = (logits()[:, ::2] if strided else logits()) if uncond else None
+    if q == "dense":
+        qp = torch.softmax(torch.randn(B, 2 * L if strided else L, V, generator=gen) * 2, -1)
+        qp = qp[:, ::2] if strided else qp
+    elif q == "uniform":
+        qp = torch.full((1, 1, 1), 1.0 / V).expand(B, L, V)
+    elif q == "sparse":  # zeros in q: invalid drafts for some positions, residual mass elsewhere
+        qp = torch.softmax(torch.randn(B, L, V, generator=gen) * 2, -1)
+        qp = torch.where(torch.rand(B, L, V, generator=gen) < 0.5, torch.zeros_like(qp), qp)
+    else:
+        qp = None
+    if q in ("dense", "sparse") or q is None:
+        # drafts mostly taken from the target's likely tokens so that accepts and rejects both happen
+        tokens = torch.randint(-1, V, (B, 2 * L if strided else L), generator=gen)
+        tokens = tokens[:, ::2] if strided else tokens
+    else:
+        tokens = torch.randint(0, V, (B, L), generator=gen)
+    if bad_tokens:
+        tokens = tokens.clone()
+        tokens[0, 0] = V
+        tokens[-1, -1] = -7
+    return dict(
+        target_logits=c, draft_tokens=tokens, draft_probs=qp, uncond_logits=u,
+        start=torch.full((B,), start, dtype=torch.int64),
+        positions=torch.randint(0, 2**32, (B,), generator=gen, dtype=torch.int64),
+        seed=torch.randint(0, 2**62, (B if seed_rows else 1,), generator=gen, dtype=torch.int64),
+        offset=torch.randint(0, 2**62, (1,), generator=gen, dtype=torch.int64),
+    )
+
+
+def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, mode=1, entropy_coef=0.4, tvd_threshold=0.65,
+             next_drafts=0, return_probs=True):
+    dev = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    got = tv.verify_triton(
+        dev["target_logits"], dev["draft_tokens"], dev["draft_probs"], dev["uncond_logits"], cfg_scale, temperature,
+        top_k, mode, entropy_coef, tvd_threshold, dev["start"], next_drafts, dev["positions"], dev["seed"],
+        dev["offset"], return_probs,
+    )
+    expected = ref.verify(
+        case["target_logits"], case["draft_tokens"], case["draft_probs"], uncond_logits=case["uncond_logits"],
+        cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None, mode=ref.MODES[mode],
+        entropy_coef=entropy_coef, tvd_threshold=tvd_threshold, start=case["start"],
+        next_drafts=ref.NEXT_DRAFTS[next_drafts], positions=case["positions"], seed=case["seed"],
+        offset=case["offset"], return_probs=return_probs, compute_dtype=torch.float32,
+    )
+    return [t.cpu() for t in got], expected
+
+
+def check(got, expected, V, return_probs=True):
+    accept_len, tokens, probs, entropy, tvd, accept_prob, distortion, status = got
+    B, L = tokens.shape
+    assert accept_len.dtype == torch.int32 and accept_len.shape == (B,)
+    assert tokens.dtype == torch.int64 and status.dtype == torch.int32
+    assert ((tokens >= 0) & (tokens < V)).all(), "a token out of range"
+    assert torch.equal(status, expected.status)
+    assert torch.equal(accept_len, expected.accept_len)
+    assert torch.equal(tokens, expected.tokens)
+    for name, a, b in [("entropy", entropy, expected.entropy), ("tvd", tvd, expected.tvd),
+                       ("accept_prob", accept_prob, expected.accept_prob), ("distortion", distortion, expected.distortion)]:
+        assert a.dtype == torch.float32 and a.shape == (B, L), name
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, equal_nan=True, msg=name)
+    if return_probs:
+        assert probs.shape == (B, L, V) and probs.dtype == torch.float32
+        torch.testing.assert_close(probs, expected.probs, rtol=1e-4, atol=1e-5, equal_nan=True)
+    else:
+        assert probs.shape == (0,)
+
+
+CASES = [
+    # (B, L, V, case kwargs, op kwargs)
+    (1, 1, 1, {}, {}),
+    (1, 1, 1, dict(q=None), dict(temperature=0.0)),
+    (3, 5, 7, {}, {}),
+    (3, 5, 7, dict(q=None), {}),
+    (3, 5, 7, dict(q="uniform", uncond=False), dict(next_drafts=1)),
+    (3, 5, 7, dict(q="sparse"), dict(next_drafts=1)),
+    (3, 5, 7, dict(dtype=torch.bfloat16), dict(next_drafts=2)),
+    (3, 5, 7, dict(dtype=torch.float16, q=None), dict(next_drafts=2, top_k=3)),
+    (3, 5, 7, dict(int_logits=True), dict(top_k=2, temperature=1.0)),  # top-k ties kept, ±0
+    (3, 5, 7, dict(int_logits=True, q=None), dict(temperature=0.0, next_drafts=2)),  # greedy ties: lowest index
+    (3, 5, 7, dict(start=2, q=None), dict(mode=0)),
+    (3, 5, 7, dict(start=5), dict(mode=0, next_drafts=2)),
+    (3, 5, 7, dict(seed_rows=True, strided=True), dict(next_drafts=2)),
+    (3, 5, 7, dict(bad_tokens=True, start=1, q=None), {}),
+    (1, 5, 1000, {}, dict(return_probs=False)),
+    (3, 5, 1000, dict(dtype=torch.bfloat16, strided=True), dict(top_k=50, next_drafts=2)),
+    (3, 1, 1000, dict(q=None, uncond=False), dict(temperature=0.0, next_drafts=1)),
+    (3, 5, 1000, dict(q="uniform", dtype=torch.float16), dict(entropy_coef=2.0, tvd_threshold=1.0)),
+    (1, 5, 1000, dict(q="sparse", start=2, seed_rows=True), dict(next_drafts=1, top_k=10)),
+]
+
+
+@pytest.mark.parametrize("B, L, V, case_kw, op_kw", CASES)
+def test_matches_reference(B, L, V, case_kw, op_kw):
+    case = make_case(B, L, V, **case_kw)
+    got, expected = run_both(case, **op_kw)
+    check(got, expected, V, op_kw.get("return_probs", True))
+
+
+def test_large_vocab_in_registers():
+    V = 16384
+    assert triton.next_power_of_2(V) <= tv.REGISTER_MAX_BLOCK
+    case = make_case(1, 2, V, dtype=torch.bfloat16, q="dense")
+    got, expected = run_both(case, next_drafts=2, top_k=100)
+    check(got, expected, V)
+
+
+def test_bad_inputs_flagged():
+    V = 7
+    case = make_case(3, 5, V, q="dense", start=2)
+    c, u, q = case["target_logits"].clone(), case["uncond_logits"].clone(), case["draft_probs"].clone()
+    tokens = case["draft_tokens"].clone()
+    c[0, 1, 3] = float("nan")
+    u[1, 3, 0] = float("inf")
+    c[2, 4, 6] = 3e38  # finite inputs whose CFG mix overflows
+    u[2, 4, 6] = -3e38
+    q[1, 0, 2] = -0.1  # a negative draft probability
+    q[2, 2, 5] = float("nan")
+    tokens[0, 0] = -1  # missing committed token
+    tokens[1, 2] = V + 4  # out of range
+    tokens[2, 1] = -3
+    case.update(target_logits=c, uncond_logits=u, draft_probs=q, draft_tokens=tokens)
+    for next_drafts in (0, 2):
+        got, expected = run_both(case, next_drafts=next_drafts)
+        check(got, expected, V)
+        assert got[-1].tolist() == [1 | 8, 1 | 2 | 4, 1 | 2 | 4 | 8]  # row 2: a bad token at a committed position
+
+
+def test_int32_draft_tokens_and_strided_tokens():
+    case = make_case(3, 5, 7, q=None, start=1)
+    tokens = case["draft_tokens"].to(torch.int32)
+    case["draft_tokens"] = torch.stack([tokens, tokens], -1)[..., 0]
+    assert case["draft_tokens"].stride(1) == 2
+    got, expected = run_both(case)
+    check(got, expected, 7)
+
+
+def test_random_rows_many():
+    """Many random rows with acceptance near the decision boundary; decisions and tokens must agree."""
+    B, L, V = 20, 4, 33
+    case = make_case(B, L, V, q="dense", gen_seed=3, uncond=False)
+    # drafts sampled from q, the typical speculative-decoding input
+    q = case["draft_probs"]
+    case["draft_tokens"] = torch.multinomial(q.reshape(-1, V), 1, generator=torch.Generator().manual_seed(4)).reshape(B, L)
+    mism = 0
+    for next_drafts in (0, 1, 2):
+        got, expected = run_both(case, next_drafts=next_drafts, cfg_scale=1.0, temperature=1.3)
+        mism += int((got[1] != expected.tokens).sum())
+        assert torch.equal(got[0], expected.accept_len)
+        torch.testing.assert_close(got[5], expected.accept_prob, rtol=1e-4, atol=1e-5)
+    assert mism <= max(1, int(0.001 * 3 * B * L))
+
+
+@pytest.mark.parametrize(
+    "B, L, V, case_kw, op_kw",
+    [
+        (2, 3, 100, {}, {}),
+        (2, 3, 100, dict(q=None, dtype=torch.bfloat16), dict(next_drafts=2)),
+        (2, 3, 100, dict(q="sparse", strided=True), dict(next_drafts=1)),
+        (1, 2, 100, dict(int_logits=True), dict(top_k=7, next_drafts=2)),
+        (2, 3, 100, dict(q="uniform"), dict(temperature=0.0, next_drafts=2)),
+        (2, 2, 70, dict(int_logits=True, q=None), dict(temperature=0.0)),
+        (2, 3, 100, dict(start=2), dict(mode=0, return_probs=False)),
+    ],
+)
+def test_chunked_fallback_matches_reference(monkeypatch, B, L, V, case_kw, op_kw):
+    """The multi-sweep path for V > REGISTER_MAX_BLOCK, exercised at small V with small chunks."""
+    monkeypatch.setattr(tv, "REGISTER_MAX_BLOCK", 32)
+    monkeypatch.setattr(tv, "CHUNK_V", 32)
+    case = make_case(B, L, V, **case_kw)
+    got, expected = run_both(case, **op_kw)
+    check(got, expected, V, op_kw.get("return_probs", True))
+
+
+def test_chunked_fallback_bad_inputs(monkeypatch):
+    monkeypatch.setattr(tv, "REGISTER_MAX_BLOCK", 32)
+    monkeypatch.setattr(tv, "CHUNK_V", 32)
+    V = 80
+    case = make_case(2, 3, V, q="dense", start=1)
+    c, q = case["target_logits"].clone(), case["draft_probs"].clone()
+    c[0, 1, 50] = float("-inf")
+    q[1, 2, 70] = float("inf")
+    case.update(target_logits=c, draft_probs=q)
+    got, expected = run_both(case, next_drafts=2)
+    check(got, expected, V)
+    assert got[-1].tolist()[0] & ref.STATUS_BAD_LOGITS and got[-1].tolist()[1] & ref.STATUS_BAD_DRAFT_PROBS
+
+
+def test_is_available():
+    ok, reason = tv.is_available("cpu")
+    assert ok == (os.environ.get("TRITON_INTERPRET") == "1" and tv._INTERPRET), reason
+    if not torch.cuda.is_available():
+        ok, reason = tv.is_available("cuda")
+        assert not ok and "cuda" in reason.lower()
+    ok, reason = tv.is_available("meta")
+    assert not ok and reason
