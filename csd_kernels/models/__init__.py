@@ -1,0 +1,27 @@
+"""Model adapters for :func:`csd_kernels.generate` (see :mod:`.protocol`)."""
+
+from __future__ import annotations
+
+from .llamagen import ImageGPT
+from .lumina import LuminaMGPT
+from .janus import JanusAdapter
+from .protocol import ImageAdapter, is_adapter
+
+__all__ = ["ImageAdapter", "ImageGPT", "JanusAdapter", "LuminaMGPT", "get_adapter", "is_adapter"]
+
+
+def get_adapter(model):
+    """The adapter that drives ``model`` (an adapter is returned as is); ValueError when none can."""
+    if is_adapter(model):
+        return model
+    name = type(model).__name__
+    if name == "JanusForConditionalGeneration":
+        return JanusAdapter(model)
+    if name == "ChameleonForConditionalGeneration":
+        return LuminaMGPT(model)
+    raise ValueError(
+        f"no csd_kernels adapter can drive a {name}: pass a JanusForConditionalGeneration, a "
+        "ChameleonForConditionalGeneration (Lumina-mGPT layout, or csd_kernels.models.LuminaMGPT(model, ...)), "
+        "a causal LM wrapped in csd_kernels.models.ImageGPT(lm, image_token_range=..., grid=..., null_token_id=...), "
+        "or any object implementing csd_kernels.models.ImageAdapter"
+    )

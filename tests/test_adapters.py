@@ -1,0 +1,180 @@
+"""Model adapters (csd_kernels.models) driven by csd_kernels.generate: Janus, Lumina-mGPT on Chameleon, ImageGPT.
+
+CPU, tiny random-config models from conftest.py; no downloads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import JANUS_BOI, JANUS_BOS, LUMINA_KW, build_tiny_llama
+from csd_kernels.decoding import MODES, generate
+from csd_kernels.models import ImageGPT, JanusAdapter, LuminaMGPT, get_adapter
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+JANUS_PROMPTS = torch.tensor([[JANUS_BOS, 5, 6, 7, JANUS_BOI], [JANUS_BOS, 9, 10, 11, JANUS_BOI],
+                              [JANUS_BOS, 12, 13, 3, JANUS_BOI]])
+LUMINA_PROMPTS = torch.tensor([[1, 5, 6], [1, 7, 9], [1, 3, 2]])
+
+
+def _check_output(out, batch, grid, vocab):
+    h, w = grid
+    assert out.tokens.shape == (batch, h * w) and out.tokens.dtype == torch.int64
+    assert int(out.tokens.min()) >= 0 and int(out.tokens.max()) < vocab
+    for name in ("entropy_map", "accept_map", "distortion_map", "tvd_map"):
+        assert getattr(out, name).shape == (batch, h, w)
+    assert sum(sum(a) for a in out.accepted) == batch * h * w
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Janus
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("batch", [1, 3])
+def test_janus_greedy_matches_transformers_generate(tiny_janus, batch):
+    prompts = JANUS_PROMPTS[:batch]
+    expected = tiny_janus.generate(prompts, attention_mask=torch.ones_like(prompts), generation_mode="image",
+                                   do_sample=False, guidance_scale=2.0)
+    for mode in MODES:
+        out = generate(tiny_janus, prompts, mode=mode, window=5, cfg_scale=2.0, temperature=0)
+        assert torch.equal(out.tokens, expected), mode
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("mode", MODES)
+def test_janus_every_mode_end_to_end(tiny_janus, forward_counter, mode, batch):
+    counter = forward_counter(tiny_janus.model.language_model)
+    out = generate(tiny_janus, JANUS_PROMPTS[:batch], mode=mode, window=6, cfg_scale=3.0, seed=4)
+    _check_output(out, batch, (4, 4), 32)
+    assert out.prefill_passes == 1 and counter.calls == out.forward_passes + 1
+    assert out.images.dtype == torch.uint8 and out.images.shape == (batch, 8, 8, 3)
+
+
+def test_janus_unconditional_rows_like_transformers(tiny_janus):
+    adapter = JanusAdapter(tiny_janus)
+    assert adapter.grid == (4, 4) and adapter.vocab_size == 32
+    ids, _ = adapter._prompt_rows(JANUS_PROMPTS[:1], None, cfg=True)
+    assert ids.tolist() == [[JANUS_BOS, 5, 6, 7, JANUS_BOI], [JANUS_BOS, 0, 0, 0, JANUS_BOI]]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Lumina-mGPT on Chameleon
+# ----------------------------------------------------------------------------------------------------------------------
+def _naive_lumina_greedy(model, prompt: list[int], cfg_scale: float) -> list[int]:
+    """No cache, no padding: rebuild [prompt, prefix, rows with row ends] each step; CFG rows = [prefix, ...]."""
+    height, width = LUMINA_KW["grid"]
+    start, end = LUMINA_KW["image_token_range"]
+    prefix = [LUMINA_KW["image_start_token_id"], LUMINA_KW["size_token_offset"] + height,
+              LUMINA_KW["size_token_offset"] + width]
+    head = model.lm_head.weight[start:end]
+    codes: list[int] = []
+    for _ in range(height * width):
+        image = []
+        for i, c in enumerate(codes):
+            image.append(start + c)
+            if i % width == width - 1:
+                image.append(LUMINA_KW["row_end_token_id"])
+        cond = model.model(input_ids=torch.tensor([prompt + prefix + image])).last_hidden_state[0, -1] @ head.T
+        uncond = model.model(input_ids=torch.tensor([prefix + image])).last_hidden_state[0, -1] @ head.T
+        codes.append(int((uncond + cfg_scale * (cond - uncond)).argmax()))
+    return codes
+
+
+@torch.no_grad()
+def test_lumina_greedy_matches_uncached_reference(tiny_chameleon):
+    adapter = LuminaMGPT(tiny_chameleon, **LUMINA_KW)
+    expected = [_naive_lumina_greedy(tiny_chameleon, p.tolist(), 3.0) for p in LUMINA_PROMPTS]
+    for mode in MODES:
+        out = generate(adapter, LUMINA_PROMPTS, mode=mode, window=5, cfg_scale=3.0, temperature=0)
+        assert out.tokens.tolist() == expected, mode
+
+
+def test_lumina_row_end_tokens_in_place(tiny_chameleon, forward_counter):
+    adapter = LuminaMGPT(tiny_chameleon, **LUMINA_KW)
+    fed = []
+    handle = tiny_chameleon.model.register_forward_pre_hook(lambda mod, args, kw: fed.append(kw["input_ids"][0]),
+                                                            with_kwargs=True)
+    try:
+        out = generate(adapter, LUMINA_PROMPTS[:1], mode="ar", cfg_scale=1.0, seed=0)
+    finally:
+        handle.remove()
+    seq = out.sequences[0].tolist()
+    height, width = LUMINA_KW["grid"]
+    assert seq[:3] == [42, 44 + height, 44 + width] and seq[-1] == 43
+    body = seq[3:-1]
+    assert len(body) == height * (width + 1)
+    for r in range(height):
+        row = body[r * (width + 1) : (r + 1) * (width + 1)]
+        assert row[-1] == 41 and all(8 <= t < 40 for t in row[:-1])
+        assert [t - 8 for t in row[:-1]] == out.tokens[0, r * width : (r + 1) * width].tolist()
+    # what the model was fed, concatenated, is the prompt + the image sequence up to its last code
+    fed_all = torch.cat(fed).tolist()
+    assert fed_all == LUMINA_PROMPTS[0].tolist() + seq[: 3 + len(body) - 2]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("mode", MODES)
+def test_lumina_every_mode_end_to_end(tiny_chameleon, forward_counter, mode, batch):
+    decoded = []
+    adapter = LuminaMGPT(tiny_chameleon, **LUMINA_KW,
+                         decode=lambda t: decoded.append(t) or torch.zeros(t.shape[0], 6, 8, 3))
+    counter = forward_counter(tiny_chameleon.model)
+    out = generate(adapter, LUMINA_PROMPTS[:batch], mode=mode, window=5, cfg_scale=3.0, seed=4)
+    _check_output(out, batch, (3, 4), 32)
+    assert counter.calls == out.forward_passes + out.prefill_passes
+    assert out.images.shape == (batch, 6, 8, 3) and out.images.dtype == torch.uint8
+    assert torch.equal(decoded[0], out.tokens)
+    assert out.sequences.shape == (batch, 3 + 3 * 5 + 1)
+
+
+def test_bare_chameleon_gets_the_lumina_adapter(tiny_chameleon):
+    # a bare Chameleon model gets Lumina-mGPT's defaults, whose token ids need the real 65536-token vocabulary
+    with pytest.raises(ValueError, match="image_token_range"):
+        get_adapter(tiny_chameleon)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# ImageGPT (LlamaGen-style)
+# ----------------------------------------------------------------------------------------------------------------------
+def test_image_gpt_wraps_the_digits_model():
+    from csd_kernels.zoo.digits import model as digits
+
+    lm = digits.build_lm(seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2).eval()
+    gpt = ImageGPT(lm, image_token_range=(0, digits.NUM_CODES), grid=digits.GRID, null_token_id=digits.NULL_TOKEN_ID,
+                   decode=lambda t: torch.rand(t.shape[0], 32, 32))
+    assert get_adapter(gpt) is gpt
+    prompts = digits.prompt_ids([3, 7])
+    expected = digits.sample_ar(lm, [3, 7], cfg_scale=3.0, temperature=0)
+    out = generate(gpt, prompts, mode="csd", window=16, cfg_scale=3.0, temperature=0)
+    assert torch.equal(out.tokens, expected)
+    assert out.forward_passes < 256
+    assert out.images.shape == (2, 32, 32, 3) and out.images.dtype == torch.uint8
+
+
+def test_image_gpt_left_padded_prompts_equal_unpadded():
+    lm = build_tiny_llama(24, seed=5, init=0.5)
+    gpt = ImageGPT(lm, image_token_range=(0, 16), grid=(3, 3), null_token_id=23)
+    prompts = torch.tensor([[16, 17, 18], [0, 19, 20]])
+    mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    batched = generate(gpt, prompts, attention_mask=mask, mode="sjd", window=4, cfg_scale=2.0, temperature=0)
+    first = generate(gpt, prompts[:1], mode="sjd", window=4, cfg_scale=2.0, temperature=0)
+    second = generate(gpt, prompts[1:, 1:], mode="sjd", window=4, cfg_scale=2.0, temperature=0)
+    assert torch.equal(batched.tokens, torch.cat([first.tokens, second.tokens]))
+
+
+def test_image_gpt_bad_arguments(tiny_llama):
+    with pytest.raises(ValueError, match="image_token_range"):
+        ImageGPT(tiny_llama, image_token_range=(0, 99), grid=(2, 2))
+    gpt = ImageGPT(tiny_llama, image_token_range=(0, 16), grid=(2, 2))
+    with pytest.raises(ValueError, match="null_token_id"):
+        generate(gpt, torch.tensor([[16]]), cfg_scale=2.0)
+    assert generate(gpt, torch.tensor([[16]]), cfg_scale=1.0, mode="sjd", window=3).tokens.shape == (1, 4)
