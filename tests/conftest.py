@@ -78,8 +78,8 @@ def tiny_janus():
 
 
 # Lumina-mGPT layout on Chameleon: text vocab 64, image codes = ids 8..39 (V = 32), row end 41, image start 42,
-# image end 43, size tokens 44 + n; grid 3 x 4 (non-square so that rows and columns cannot be confused).
-LUMINA_KW = dict(grid=(3, 4), image_token_range=(8, 40), row_end_token_id=41, image_start_token_id=42,
+# image end 43, size tokens 44 + grid/2; grid 2 x 4 (non-square so that rows and columns cannot be confused).
+LUMINA_KW = dict(grid=(2, 4), image_token_range=(8, 40), row_end_token_id=41, image_start_token_id=42,
                  image_end_token_id=43, size_token_offset=44)
 
 

@@ -72,8 +72,9 @@ def _naive_lumina_greedy(model, prompt: list[int], cfg_scale: float) -> list[int
     """No cache, no padding: rebuild [prompt, prefix, rows with row ends] each step; CFG rows = [prefix, ...]."""
     height, width = LUMINA_KW["grid"]
     start, end = LUMINA_KW["image_token_range"]
-    prefix = [LUMINA_KW["image_start_token_id"], LUMINA_KW["size_token_offset"] + height,
-              LUMINA_KW["size_token_offset"] + width]
+    # Lumina-mGPT's size tokens count 32-pixel patches: half the token grid
+    prefix = [LUMINA_KW["image_start_token_id"], LUMINA_KW["size_token_offset"] + height // 2,
+              LUMINA_KW["size_token_offset"] + width // 2]
     head = model.lm_head.weight[start:end]
     codes: list[int] = []
     for _ in range(height * width):
@@ -108,7 +109,7 @@ def test_lumina_row_end_tokens_in_place(tiny_chameleon, forward_counter):
         handle.remove()
     seq = out.sequences[0].tolist()
     height, width = LUMINA_KW["grid"]
-    assert seq[:3] == [42, 44 + height, 44 + width] and seq[-1] == 43
+    assert seq[:3] == [42, 44 + height // 2, 44 + width // 2] and seq[-1] == 43
     body = seq[3:-1]
     assert len(body) == height * (width + 1)
     for r in range(height):
@@ -128,11 +129,12 @@ def test_lumina_every_mode_end_to_end(tiny_chameleon, forward_counter, mode, bat
                          decode=lambda t: decoded.append(t) or torch.zeros(t.shape[0], 6, 8, 3))
     counter = forward_counter(tiny_chameleon.model)
     out = generate(adapter, LUMINA_PROMPTS[:batch], mode=mode, window=5, cfg_scale=3.0, seed=4)
-    _check_output(out, batch, (3, 4), 32)
+    _check_output(out, batch, LUMINA_KW["grid"], 32)
     assert counter.calls == out.forward_passes + out.prefill_passes
     assert out.images.shape == (batch, 6, 8, 3) and out.images.dtype == torch.uint8
     assert torch.equal(decoded[0], out.tokens)
-    assert out.sequences.shape == (batch, 3 + 3 * 5 + 1)
+    height, width = LUMINA_KW["grid"]
+    assert out.sequences.shape == (batch, 3 + height * (width + 1) + 1)
 
 
 def test_bare_chameleon_gets_the_lumina_adapter(tiny_chameleon):

@@ -8,8 +8,12 @@ grid index k to sequence index P + k + k // W. Chameleon's ``forward`` masks ima
 adapter takes hidden states from the base model and applies ``lm_head`` rows ``start:end`` itself.
 
 The unconditional CFG rows are the image prefix alone (left-padded), as in Lumina-mGPT's image-start-triggered CFG.
-Defaults are Lumina-mGPT's token ids (image codes 4..8195, image start 8197, image end 8196, row end 8803, size
-tokens 8804 + n); pass your own for other checkpoints or tiny test models.
+Defaults are Lumina-mGPT's token ids, as its FlexARItemProcessor writes them: image codes are the BPE ids 4..8195,
+image start ``<racm3:break>`` = 8197, image end ``<eoss>`` = 8196, row end ``<reserved08799>`` = 8803, and the size
+token ``<reserved{8800 + n}>`` = 8804 + n where n counts 32-pixel patches, i.e. half the token grid (a 48×48 grid at
+768 px gives 8828, 8828). Pass your own ids for other checkpoints or tiny test models. A pixel decoder receives grid
+ids c = BPE id − 4; Chameleon's VQ model wants codebook indices, i.e.
+``model.model.vocabulary_mapping.bpe2img`` applied to c + 4.
 """
 
 from __future__ import annotations
@@ -39,7 +43,11 @@ class LuminaMGPT(CachedImageLM):
         self.row_end_token_id = int(row_end_token_id)
         self.image_end_token_id = int(image_end_token_id)
         if image_prefix_ids is None:
-            image_prefix_ids = (image_start_token_id, size_token_offset + self.grid[0], size_token_offset + self.grid[1])
+            if self.grid[0] % 2 or self.grid[1] % 2:
+                raise ValueError(f"Lumina-mGPT size tokens count pairs of grid tokens: grid {self.grid} must be even "
+                                 "(or pass image_prefix_ids)")
+            image_prefix_ids = (image_start_token_id, size_token_offset + self.grid[0] // 2,
+                                size_token_offset + self.grid[1] // 2)
         self.image_prefix_ids = [int(t) for t in image_prefix_ids]
         self._decode = decode
 
