@@ -38,7 +38,7 @@ ARCH = dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_att
 __all__ = [
     "NUM_CODES", "NUM_CLASSES", "CLASS_TOKEN_OFFSET", "NULL_TOKEN_ID", "VOCAB_SIZE", "GRID", "PROMPT_LEN",
     "SEQ_LEN", "WEIGHTS_DIR", "build_config", "build_lm", "load_lm", "save_lm", "load_codebook", "prompt_ids",
-    "cache_kwarg", "cfg_logits", "sample_ar",
+    "cache_kwarg", "crop_cache", "cfg_logits", "sample_ar",
 ]
 
 
@@ -135,6 +135,20 @@ def cache_kwarg(lm) -> str:
 
     params = inspect.signature(type(lm).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+def crop_cache(cache, new_length: int) -> None:
+    """Truncate a transformers cache to its first ``new_length`` positions.
+
+    Works with both cache APIs: transformers >= 5.2x ``DynamicCache.crop`` only accepts a *negative*
+    number of tokens to remove (a positive argument raises ValueError), older versions took the absolute
+    length but also accepted a negative count, so a negative count is used here.
+    """
+    n = cache.get_seq_length()
+    if new_length < 0:
+        raise ValueError(f"new_length must be >= 0, got {new_length}")
+    if n > new_length:
+        cache.crop(new_length - n)
 
 
 def cfg_logits(cond: torch.Tensor, uncond: torch.Tensor | None, cfg_scale: float, num_codes: int = NUM_CODES):

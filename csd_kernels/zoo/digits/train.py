@@ -1,0 +1,216 @@
+"""Fit the patch codebook and train the class-conditional digits GPT.
+
+    python -m csd_kernels.zoo.digits.train --out DIR [--steps N] [--seed 0] [--num-codes 512]
+
+Writes ``codebook.safetensors``, ``model.safetensors`` (float16), ``config.json``,
+``train_log.json`` and ``samples.png`` to ``DIR``.  Deterministic for a fixed seed
+(codebook k-means, data order, augmentation, class dropout and init are all seeded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .model import CODEBOOK_FILE, NUM_CLASSES, build_lm, save_lm, sample_ar
+from .tokenizer import DEFAULT_NOISE, PatchCodebook, digits_dataset
+
+DEFAULTS = dict(steps=800, batch_size=32, lr=2e-3, warmup=50, weight_decay=0.05, class_dropout=0.1, shift=1)
+
+
+def random_shift(images: torch.Tensor, max_shift: int, g: torch.Generator) -> torch.Tensor:
+    """Shift each [32, 32] image by an integer (dy, dx) in [-max_shift, max_shift] with zero fill."""
+    if max_shift <= 0:
+        return images
+    n, h, w = images.shape
+    pad = F.pad(images, (max_shift,) * 4)
+    d = torch.randint(0, 2 * max_shift + 1, (n, 2), generator=g)
+    out = torch.empty_like(images)
+    for i in range(n):
+        dy, dx = int(d[i, 0]), int(d[i, 1])
+        out[i] = pad[i, dy : dy + h, dx : dx + w]
+    return out
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t))))
+
+
+def evaluate_samples(lm, codebook, n_per_class: int = 5, cfg_scales=(1.0, 3.0), seed: int = 0) -> dict:
+    """Plain AR samples per class; classifier accuracy and Fréchet distance vs real digits per cfg."""
+    from . import quality
+
+    classes = torch.arange(NUM_CLASSES).repeat_interleave(n_per_class)
+    ref = quality.real_features()
+    out = {}
+    for s in cfg_scales:
+        t0 = time.time()
+        toks = sample_ar(lm, classes, cfg_scale=s, temperature=1.0, seed=seed)
+        imgs = codebook.decode(toks)
+        out[f"cfg{s:g}"] = dict(
+            class_accuracy=quality.class_accuracy(imgs, classes),
+            frechet=quality.frechet_distance(quality.features(imgs), ref),
+            seconds=round(time.time() - t0, 2),
+            n=int(classes.numel()),
+        )
+        out[f"cfg{s:g}"]["_images"] = imgs
+    return out
+
+
+def save_grid(images: torch.Tensor, path, ncol: int) -> None:
+    from PIL import Image
+
+    from .tokenizer import to_uint8
+
+    n = images.shape[0]
+    nrow = (n + ncol - 1) // ncol
+    canvas = torch.zeros(nrow * 34, ncol * 34, dtype=torch.uint8)
+    u = to_uint8(images)
+    for i in range(n):
+        r, c = divmod(i, ncol)
+        canvas[r * 34 + 1 : r * 34 + 33, c * 34 + 1 : c * 34 + 33] = u[i]
+    Image.fromarray(canvas.numpy()).resize((ncol * 34 * 2, nrow * 34 * 2), Image.NEAREST).save(path)
+
+
+def train(
+    out_dir=None,
+    steps: int = DEFAULTS["steps"],
+    seed: int = 0,
+    num_codes: int = 512,
+    batch_size: int = DEFAULTS["batch_size"],
+    lr: float = DEFAULTS["lr"],
+    warmup: int = DEFAULTS["warmup"],
+    weight_decay: float = DEFAULTS["weight_decay"],
+    class_dropout: float = DEFAULTS["class_dropout"],
+    shift: int = DEFAULTS["shift"],
+    noise: float = DEFAULT_NOISE,
+    subset: int | None = None,
+    codebook: PatchCodebook | None = None,
+    arch: dict | None = None,
+    threads: int | None = 2,
+    log_every: int = 50,
+    eval_per_class: int = 5,
+    eval_cfg_scales=(1.0, 3.0),
+    verbose: bool = True,
+) -> dict:
+    """Train the digits GPT. Returns a dict with ``losses`` (per step), ``lm``, ``codebook``, timings and
+    (if ``eval_per_class > 0``) sample-quality figures. Writes artefacts to ``out_dir`` when given."""
+    if threads:
+        torch.set_num_threads(threads)
+    log = print if verbose else (lambda *a, **k: None)
+    t_start = time.time()
+    images, labels = digits_dataset()
+    if subset is not None:
+        images, labels = images[:subset], labels[:subset]
+    n = images.shape[0]
+
+    t0 = time.time()
+    if codebook is None:
+        codebook = PatchCodebook.fit(images, num_codes=num_codes, seed=seed, noise=noise)
+    elif codebook.num_codes != num_codes:
+        raise ValueError(f"codebook has {codebook.num_codes} codes, expected {num_codes}")
+    t_codebook = time.time() - t0
+    log(f"codebook: {num_codes} codes fitted in {t_codebook:.1f}s")
+
+    lm = build_lm(seed=seed, num_codes=num_codes, **(arch or {}))
+    lm.train()
+    n_params = sum(p.numel() for p in lm.parameters())
+    log(f"model: {n_params / 1e6:.2f}M params, {lm.config.num_hidden_layers} layers, hidden {lm.config.hidden_size}")
+    decay = [p for nme, p in lm.named_parameters() if p.ndim >= 2]
+    no_decay = [p for nme, p in lm.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr, betas=(0.9, 0.95),
+    )
+    g = torch.Generator().manual_seed(seed + 12345)
+    null_id = num_codes + NUM_CLASSES
+    losses: list[float] = []
+    perm, pos, epoch = torch.randperm(n, generator=g), 0, 0
+    t_loop = time.time()
+    for step in range(steps):
+        if pos + batch_size > n:  # deterministic data order: a fresh seeded permutation each epoch
+            perm, pos, epoch = torch.randperm(n, generator=g), 0, epoch + 1
+        idx = perm[pos : pos + batch_size]
+        pos += batch_size
+        x = random_shift(images[idx], shift, g)
+        codes = codebook.encode(x, noise=noise, seed=seed * 1_000_003 + step)  # texture re-drawn every step
+        cls = labels[idx] + num_codes
+        drop = torch.rand(idx.shape[0], generator=g) < class_dropout
+        cls = torch.where(drop, torch.full_like(cls, null_id), cls)
+        seq = torch.cat([cls[:, None], codes], dim=1)  # [B, 257]
+        for grp in opt.param_groups:
+            grp["lr"] = lr_at(step, steps, lr, warmup)
+        logits = lm(input_ids=seq[:, :-1], use_cache=False).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), seq[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+        if log_every and (step % log_every == 0 or step == steps - 1):
+            k = min(len(losses), log_every)
+            log(f"step {step:5d}  epoch {epoch:3d}  loss {sum(losses[-k:]) / k:.4f}  lr {lr_at(step, steps, lr, warmup):.2e}  "
+                f"{time.time() - t_loop:.0f}s")
+    t_train = time.time() - t_loop
+    lm.eval()
+    tail = losses[-min(50, len(losses)):]
+    result = dict(
+        losses=losses, final_loss=sum(tail) / len(tail), steps=steps, batch_size=batch_size, seed=seed,
+        num_codes=num_codes, n_params=n_params, codebook_seconds=t_codebook, train_seconds=t_train, lm=lm,
+        codebook=codebook,
+    )
+    if eval_per_class > 0:
+        ev = evaluate_samples(lm, codebook, n_per_class=eval_per_class, cfg_scales=eval_cfg_scales, seed=seed)
+        for k, v in ev.items():
+            log(f"samples {k}: class accuracy {v['class_accuracy']:.3f}  frechet {v['frechet']:.2f}  "
+                f"({v['n']} samples, {v['seconds']:.1f}s)")
+        result["samples"] = {k: {kk: vv for kk, vv in v.items() if kk != "_images"} for k, v in ev.items()}
+        result["_sample_images"] = {k: v["_images"] for k, v in ev.items()}
+    result["total_seconds"] = time.time() - t_start
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        codebook.save(out / CODEBOOK_FILE)
+        save_lm(lm, out)
+        meta = {k: v for k, v in result.items() if k not in ("lm", "codebook", "_sample_images")}
+        meta["loss_every_50"] = [round(sum(losses[i:i + 50]) / len(losses[i:i + 50]), 4) for i in range(0, len(losses), 50)]
+        meta["losses"] = [round(v, 4) for v in losses]
+        meta["hyperparameters"] = dict(lr=lr, warmup=warmup, weight_decay=weight_decay, class_dropout=class_dropout,
+                                       shift=shift, noise=noise, subset=subset, arch=arch)
+        (out / "train_log.json").write_text(json.dumps(meta, indent=1))
+        if "_sample_images" in result:
+            key = sorted(result["_sample_images"])[-1]
+            save_grid(result["_sample_images"][key], out / "samples.png", ncol=eval_per_class)
+        log(f"wrote {out}")
+    log(f"total {result['total_seconds']:.1f}s (codebook {t_codebook:.1f}s, training {t_train:.1f}s), "
+        f"final loss {result['final_loss']:.4f}")
+    return result
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m csd_kernels.zoo.digits.train", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output directory for the weights")
+    ap.add_argument("--steps", type=int, default=DEFAULTS["steps"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--num-codes", type=int, default=512)
+    ap.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
+    ap.add_argument("--lr", type=float, default=DEFAULTS["lr"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--eval-per-class", type=int, default=5)
+    a = ap.parse_args(argv)
+    train(a.out, steps=a.steps, seed=a.seed, num_codes=a.num_codes, batch_size=a.batch_size, lr=a.lr,
+          threads=a.threads, eval_per_class=a.eval_per_class)
+
+
+if __name__ == "__main__":
+    main()
