@@ -3,6 +3,7 @@
     csd generate --model digits --prompt 7 --mode csd --num 16 --seed 0 --out out/
     csd compare  --model digits --prompt 7 --num 64
     csd bench
+    csd run      --model digits --prompts prompts.txt --modes ar,sjd,csd --out DIR   (also under torchrun)
 """
 
 from __future__ import annotations
@@ -247,6 +248,12 @@ def cmd_bench(args) -> list:
     return rows
 
 
+def cmd_run(args):
+    from .distributed import cmd_run as run_command
+
+    return run_command(args)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # argument parsing
 # ----------------------------------------------------------------------------------------------------------------------
@@ -289,6 +296,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="two shapes instead of six")
     bench.add_argument("--out", default="benchmarks/results")
     bench.set_defaults(handler=cmd_bench)
+
+    from .distributed import add_run_arguments
+
+    run = commands.add_parser("run", help="sharded, resumable generation of a prompts file over modes "
+                                          "(torchrun --nproc-per-node N -m csd_kernels run ...)")
+    add_run_arguments(run)
+    run.set_defaults(handler=cmd_run)
     return parser
 
 

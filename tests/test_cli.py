@@ -1,0 +1,96 @@
+"""The `csd` command and the shipped digits model driven through the generic decoding loop."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import csd_kernels as ck
+from csd_kernels import cli, zoo
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return zoo.load("digits")
+
+
+def test_shipped_model_generates_valid_images_for_every_class(digits):
+    prompts = [str(c) for c in range(10)]
+    out = ck.generate(digits.model, digits.prompt_ids(prompts), mode="csd", window=16, seed=0, **digits.defaults)
+    assert out.tokens.shape == (10, 256) and out.tokens.min() >= 0 and out.tokens.max() < 512
+    assert out.images.shape == (10, 32, 32, 3) and out.images.dtype == torch.uint8
+    assert out.forward_passes < 256  # speculative decoding did accept drafts
+    metrics = digits.quality(out.tokens, prompts)
+    assert 0.0 <= metrics["accuracy"] <= 1.0 and np.isfinite(metrics["frechet"])
+
+
+def test_generate_writes_images_maps_and_stats(tmp_path):
+    out_dir = tmp_path / "gen"
+    assert cli.main(["generate", "--model", "digits", "--prompt", "7", "--mode", "sjd", "--num", "3", "--seed", "1",
+                     "--out", str(out_dir), "--quiet"]) == 0
+    names = sorted(os.listdir(out_dir))
+    assert names == ["grid.png", "img_000.png", "img_001.png", "img_002.png", "maps.png", "stats.json"]
+    assert Image.open(out_dir / "img_000.png").size == (32, 32)
+    stats = json.loads((out_dir / "stats.json").read_text())
+    assert stats["mode"] == "sjd" and stats["num"] == 3 and stats["mean_distortion"] == pytest.approx(0, abs=1e-6)
+    assert 1 <= stats["forward_passes_per_image"] <= stats["forward_passes"] <= 256
+    assert stats["tokens_per_pass"] == pytest.approx(256 / stats["forward_passes_per_image"])
+    assert set(stats["timings"]) >= {"model", "verify", "rest", "total"}
+    assert set(stats["quality"]) == {"accuracy", "frechet"}
+
+
+def test_compare_reports_every_run_and_writes_the_side_by_side(tmp_path, capsys):
+    out_dir = tmp_path / "cmp"
+    assert cli.main(["compare", "--model", "digits", "--prompt", "1", "--num", "2", "--seeds", "2", "--window", "8",
+                     "--out", str(out_dir), "--quiet"]) == 0
+    table = capsys.readouterr().out
+    report = json.loads((out_dir / "compare.json").read_text())
+    assert list(report["results"]) == [label for label, _, _ in cli.COMPARE_RUNS]
+    for label in report["results"]:
+        assert label in table
+    assert report["results"]["ar"]["passes"]["mean"] == 256 and report["results"]["ar"]["speedup"] == 1.0
+    assert report["results"]["sjd"]["distortion"]["mean"] == pytest.approx(0, abs=1e-6)
+    assert Image.open(out_dir / "compare.png").size[1] > Image.open(out_dir / "compare.png").size[0] / 2
+
+
+def test_bench_writes_json_csv_and_plot(tmp_path):
+    from csd_kernels import bench
+
+    rows = bench.run(shapes=[(1, 4, 64)], repeats=2, loop_repeats=1)
+    assert {r.backend for r in rows} == {name for name in ck.available_backends("cpu") if name != "triton"}
+    paths = bench.save(rows, str(tmp_path), "test")
+    assert json.loads(open(paths["json"]).read())["rows"][0]["vocab"] == 64
+    assert open(paths["csv"]).read().startswith("backend,batch,length,vocab")
+    assert Image.open(paths["png"]).size[0] > 100
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "--model", "janus", "--prompt", "7"], "unknown model"),
+        (["generate", "--model", "digits", "--prompt", "12"], "class id 0..9"),
+        (["generate", "--model", "digits", "--prompt", "seven"], "class id 0..9"),
+        (["compare", "--model", "digits", "--prompt", "-1"], "class id 0..9"),
+        (["generate", "--model", "digits", "--prompt", "7", "--out", "/proc/csd-out"], "--out"),
+    ],
+)
+def test_clear_errors(argv, message, capsys):
+    assert cli.main(argv + ["--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_unknown_mode_is_rejected_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["generate", "--model", "digits", "--prompt", "7", "--mode", "fast"])
+    assert exc.value.code == 2 and "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_console_script_module_entry_point():
+    result = subprocess.run([sys.executable, "-m", "csd_kernels", "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "generate" in result.stdout and "compare" in result.stdout
