@@ -1,0 +1,160 @@
+// Torch glue shared by the CPU and CUDA entry points of torch.ops.csd_kernels.verify_rows: argument checks, the
+// scalar parameters and the outputs. Header only (included by python/bindings.cpp and csrc/cuda/verify_glue.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "verify_row.h"
+
+namespace csd {
+
+using VerifyResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                                at::Tensor>;
+
+struct CheckedArgs {
+  int64_t B, L, V;
+  int logit_dtype;
+  VerifyParams prm;
+  int64_t q_sV;
+};
+
+inline int logit_dtype_code(const at::Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return kLogitF32;
+    case at::kHalf:
+      return kLogitF16;
+    case at::kBFloat16:
+      return kLogitBF16;
+    default:
+      TORCH_CHECK(false, "csd_kernels.verify_rows: ", name, " must be float32, float16 or bfloat16, got ",
+                  t.scalar_type());
+  }
+  return -1;
+}
+
+inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+                                     const std::optional<at::Tensor>& draft_probs,
+                                     const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
+                                     double temperature, int64_t top_k, int64_t mode, double entropy_coef,
+                                     double tvd_threshold, const at::Tensor& start, int64_t next_drafts,
+                                     const at::Tensor& positions, const at::Tensor& seed, const at::Tensor& offset,
+                                     at::Device device) {
+  const char* op = "csd_kernels.verify_rows: ";
+  TORCH_CHECK(target_logits.dim() == 3, op, "target_logits must be [B, L, V], got ", target_logits.sizes());
+  CheckedArgs a;
+  a.B = target_logits.size(0);
+  a.L = target_logits.size(1);
+  a.V = target_logits.size(2);
+  TORCH_CHECK(a.V >= 1, op, "the vocabulary (last dim of target_logits) must not be empty");
+  TORCH_CHECK(a.V <= (int64_t(1) << 31) - 1, op, "vocabularies >= 2^31 are not supported");
+  a.logit_dtype = logit_dtype_code(target_logits, "target_logits");
+  auto on_device = [&](const at::Tensor& t, const char* name) {
+    TORCH_CHECK(t.device() == device, op, name, " must be on ", device, " like target_logits, got ", t.device());
+  };
+  TORCH_CHECK(a.V == 1 || target_logits.stride(2) == 1, op, "target_logits must have a unit stride on its last dim");
+  on_device(draft_tokens, "draft_tokens");
+  TORCH_CHECK(draft_tokens.dim() == 2 && draft_tokens.size(0) == a.B && draft_tokens.size(1) == a.L, op,
+              "draft_tokens must be [B, L] = [", a.B, ", ", a.L, "], got ", draft_tokens.sizes());
+  TORCH_CHECK(draft_tokens.scalar_type() == at::kLong, op, "draft_tokens must be int64, got ",
+              draft_tokens.scalar_type());
+  a.q_sV = 0;
+  if (draft_probs.has_value()) {
+    const at::Tensor& q = *draft_probs;
+    on_device(q, "draft_probs");
+    TORCH_CHECK(q.dim() == 3 && q.size(0) == a.B && q.size(1) == a.L && q.size(2) == a.V, op,
+                "draft_probs must be [B, L, V] like target_logits, got ", q.sizes());
+    TORCH_CHECK(q.scalar_type() == at::kFloat, op, "draft_probs must be float32, got ", q.scalar_type());
+    a.q_sV = a.V == 1 ? 0 : q.stride(2);
+    TORCH_CHECK(a.q_sV == 0 || a.q_sV == 1, op, "draft_probs must have a last-dim stride of 0 or 1, got ", a.q_sV);
+  }
+  if (uncond_logits.has_value()) {
+    const at::Tensor& u = *uncond_logits;
+    on_device(u, "uncond_logits");
+    TORCH_CHECK(u.sizes() == target_logits.sizes(), op, "uncond_logits must have the shape of target_logits ",
+                target_logits.sizes(), ", got ", u.sizes());
+    TORCH_CHECK(u.scalar_type() == target_logits.scalar_type(), op,
+                "uncond_logits must have the dtype of target_logits (", target_logits.scalar_type(), "), got ",
+                u.scalar_type());
+    TORCH_CHECK(a.V == 1 || u.stride(2) == 1, op, "uncond_logits must have a unit stride on its last dim");
+  }
+  for (auto pr : {std::make_pair(&start, "start"), std::make_pair(&positions, "positions")}) {
+    on_device(*pr.first, pr.second);
+    TORCH_CHECK(pr.first->numel() == a.B && pr.first->scalar_type() == at::kLong, op, pr.second,
+                " must be int64 [B] with B = ", a.B, ", got ", pr.first->scalar_type(), " ", pr.first->sizes());
+  }
+  on_device(seed, "seed");
+  TORCH_CHECK(seed.scalar_type() == at::kLong && (seed.numel() == 1 || seed.numel() == a.B), op,
+              "seed must be int64 [1] or [B], got ", seed.scalar_type(), " ", seed.sizes());
+  on_device(offset, "offset");
+  TORCH_CHECK(offset.scalar_type() == at::kLong && offset.numel() == 1, op, "offset must be int64 [1], got ",
+              offset.scalar_type(), " ", offset.sizes());
+  TORCH_CHECK(mode == kModeStrict || mode == kModeCsd, op, "mode must be 0 (strict) or 1 (csd), got ", mode);
+  TORCH_CHECK(next_drafts >= 0 && next_drafts <= 2, op,
+              "next_drafts must be 0 (independent), 1 (maximal) or 2 (gumbel), got ", next_drafts);
+  TORCH_CHECK(temperature >= 0.0, op, "temperature must be >= 0, got ", temperature);
+  TORCH_CHECK(top_k >= 0, op, "top_k must be >= 0 (0 = no restriction), got ", top_k);
+
+  VerifyParams& p = a.prm;
+  p.vocab = a.V;
+  p.has_uncond = uncond_logits.has_value() ? 1 : 0;
+  p.cfg_scale = static_cast<float>(cfg_scale);
+  p.greedy = temperature == 0.0 ? 1 : 0;
+  p.inv_temperature = temperature > 0.0 ? static_cast<float>(1.0 / temperature) : 1.0f;
+  p.top_k = (top_k > 0 && top_k < a.V) ? top_k : 0;
+  p.mode = static_cast<int>(mode);
+  p.entropy_coef = static_cast<float>(entropy_coef);
+  p.tvd_threshold = static_cast<float>(tvd_threshold);
+  p.next_drafts = static_cast<int>(next_drafts);
+  return a;
+}
+
+struct VerifyOutputs {
+  at::Tensor accept_len, tokens, probs, entropy, tvd, accept_prob, distortion, status;
+  VerifyResult as_tuple() const {
+    return {accept_len, tokens, probs, entropy, tvd, accept_prob, distortion, status};
+  }
+};
+
+inline VerifyOutputs allocate_outputs(const CheckedArgs& a, bool return_probs, const at::TensorOptions& base) {
+  VerifyOutputs o;
+  auto f32 = base.dtype(at::kFloat);
+  o.accept_len = at::empty({a.B}, base.dtype(at::kInt));
+  o.tokens = at::empty({a.B, a.L}, base.dtype(at::kLong));
+  o.probs = return_probs ? at::empty({a.B, a.L, a.V}, f32) : at::empty({0}, f32);
+  o.entropy = at::empty({a.B, a.L}, f32);
+  o.tvd = at::empty({a.B, a.L}, f32);
+  o.accept_prob = at::empty({a.B, a.L}, f32);
+  o.distortion = at::empty({a.B, a.L}, f32);
+  o.status = at::empty({a.B}, base.dtype(at::kInt));
+  return o;
+}
+
+}  // namespace csd
+
+namespace csd {
+
+// Entry points registered for torch.ops.csd_kernels.verify_rows (same signature as the schema).
+#define CSD_VERIFY_ROWS_SIGNATURE(NAME)                                                                             \
+  VerifyResult NAME(const at::Tensor& target_logits, const at::Tensor& draft_tokens,                               \
+                    const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& uncond_logits, \
+                    double cfg_scale, double temperature, int64_t top_k, int64_t mode, double entropy_coef,        \
+                    double tvd_threshold, const at::Tensor& start, int64_t next_drafts,                            \
+                    const at::Tensor& positions, const at::Tensor& seed, const at::Tensor& offset,                 \
+                    bool return_probs)
+
+CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cpu);
+#ifdef CSD_WITH_CUDA
+CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cuda);
+#endif
+
+// Tests: pick the CPU kernel's code path ("auto"/"avx512", "avx2", "baseline"); cpu_isa() names the one in use.
+void set_cpu_isa(const std::string& name);
+std::string cpu_isa();
+
+}  // namespace csd

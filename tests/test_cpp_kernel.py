@@ -1,0 +1,353 @@
+"""The compiled kernels (csd_kernels._C, torch.ops.csd_kernels.verify_rows) against csd_kernels.reference.
+
+Build first:  pip install --no-build-isolation -e .   (compiles csd_kernels._C; about a minute)
+
+* Philox4x32-10 and the two streams are bit-identical to the reference (seeds/offsets >= 2^32, per-row seeds,
+  positions wrapping mod 2^32).
+* verify_rows (CPU here; CUDA when built with CUDA and a GPU is present) reproduces reference.verify(float32):
+  accept_len / tokens / status exactly (over many random rows a tiny fraction of float tie splits is tolerated),
+  the float outputs to rtol 1e-4, atol 1e-5.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+import torch
+
+try:
+    import csd_kernels._C as _C  # noqa: F401  (registers torch.ops.csd_kernels)
+except ImportError as exc:  # pragma: no cover - depends on the build
+    pytest.skip(
+        f"csd_kernels._C is not built ({exc}); build it with `pip install --no-build-isolation -e .`",
+        allow_module_level=True,
+    )
+
+from csd_kernels import reference as ref
+
+MODES = {"strict": 0, "csd": 1}
+NEXT = {"independent": 0, "maximal": 1, "gumbel": 2}
+FLOAT_NAMES = ("probs", "entropy", "tvd", "accept_prob", "distortion")
+DEVICES = ["cpu"] + (["cuda"] if _C.has_cuda() and torch.cuda.is_available() else [])
+
+
+def call_op(c, toks, q, u, *, cfg=1.0, T=1.0, top_k=None, mode="csd", lam=0.5, tau=0.65, start, nd="independent",
+            pos, seed, off, return_probs=True):
+    out = torch.ops.csd_kernels.verify_rows(
+        c, toks, q, u, float(cfg), float(T), int(top_k or 0), MODES[mode], float(lam), float(tau), start, NEXT[nd],
+        pos, seed, off, return_probs,
+    )
+    names = ("accept_len", "tokens", "probs", "entropy", "tvd", "accept_prob", "distortion", "status")
+    return dict(zip(names, out))
+
+
+def call_ref(c, toks, q, u, *, cfg=1.0, T=1.0, top_k=None, mode="csd", lam=0.5, tau=0.65, start, nd="independent",
+             pos, seed, off, return_probs=True):
+    dev = torch.device("cpu")
+    mv = lambda t: None if t is None else t.to(dev)  # noqa: E731
+    r = ref.verify(
+        mv(c), mv(toks), mv(q), uncond_logits=mv(u), cfg_scale=cfg, temperature=T, top_k=top_k, mode=mode,
+        entropy_coef=lam, tvd_threshold=tau, start=mv(start), next_drafts=nd, positions=mv(pos), seed=mv(seed),
+        offset=mv(off), return_probs=return_probs, compute_dtype=torch.float32,
+    )
+    return {k: getattr(r, k) for k in ("accept_len", "tokens", "probs", "entropy", "tvd", "accept_prob", "distortion", "status")}
+
+
+def make_case(B, L, V, *, dtype=torch.float32, cfg=False, q="full", strided=False, scale=2.0, seed=0, device="cpu",
+              per_row_seed=False, start=0, bad_tokens=False):
+    g = torch.Generator().manual_seed(seed)
+
+    def logits():
+        if strided:  # rows with gaps between positions and batches (non-contiguous B and L strides)
+            big = torch.randn(B, L + 2, V + 5, generator=g) * scale
+            t = big[:, 1 : L + 1, 3 : V + 3]
+        else:
+            t = torch.randn(B, L, V, generator=g) * scale
+        return t.to(dtype)
+
+    c = logits()
+    u = logits() if cfg else None
+    if q == "full":
+        qq = torch.softmax(torch.randn(B, L, V, generator=g) * scale, -1)
+        toks = torch.multinomial(qq.reshape(-1, V), 1, generator=g).reshape(B, L)
+        # make about half of the drafts the target's favourite, so that rows accept a few positions
+        fav = c.float().argmax(-1)
+        toks = torch.where(torch.rand(B, L, generator=g) < 0.5, fav, toks)
+    elif q == "uniform":
+        qq = torch.full((1, 1, 1), 1.0 / V).expand(B, L, V)
+        toks = c.float().argmax(-1)
+        toks = torch.where(torch.rand(B, L, generator=g) < 0.3, torch.randint(0, V, (B, L), generator=g), toks)
+    elif q == "stride0_rows":  # one q row shared by every position (stride 0 on B and L)
+        qq = torch.softmax(torch.randn(V, generator=g), -1).expand(B, L, V)
+        toks = torch.randint(0, V, (B, L), generator=g)
+    else:
+        qq = None
+        toks = c.float().argmax(-1)
+        toks = torch.where(torch.rand(B, L, generator=g) < 0.3, torch.randint(0, V, (B, L), generator=g), toks)
+    if bad_tokens:
+        toks = toks.clone()
+        toks[:, 0] = -1
+        if L > 1:
+            toks[:, 1] = V + 3
+        if L > 2:
+            toks[:, 2] = -7
+    st = torch.full((B,), start, dtype=torch.int64)
+    pos = torch.randint(0, 10_000, (B,), generator=g)
+    sd = torch.randint(0, 2**62, (B if per_row_seed else 1,), generator=g)
+    off = torch.randint(0, 2**40, (1,), generator=g)
+    mv = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return dict(c=mv(c), toks=mv(toks), q=mv(qq), u=mv(u), start=mv(st), pos=mv(pos), seed=mv(sd), off=mv(off))
+
+
+def compare(got, want, *, exact=True, rtol=1e-4, atol=1e-5):
+    """Returns the number of rows whose integer outputs differ (asserts floats on the rows that agree)."""
+    got = {k: v.cpu() for k, v in got.items()}
+    bad_rows = (got["accept_len"] != want["accept_len"].to(torch.int32)) | (got["tokens"] != want["tokens"]).any(-1)
+    assert torch.equal(got["status"], want["status"].to(torch.int32))
+    if exact:
+        assert not bad_rows.any(), (got["accept_len"], want["accept_len"], got["tokens"], want["tokens"])
+    ok = ~bad_rows
+    for name in FLOAT_NAMES:
+        a, b = got[name], want[name]
+        if name == "probs" and b is None:
+            assert a.numel() == 0
+            continue
+        torch.testing.assert_close(a[ok], b[ok].to(torch.float32), rtol=rtol, atol=atol, equal_nan=True,
+                                   msg=lambda m: f"{name}: {m}")
+    # tokens are always in range
+    V = want["probs"].shape[-1] if want["probs"] is not None else None
+    assert (got["tokens"] >= 0).all()
+    if V is not None:
+        assert (got["tokens"] < V).all()
+    return int(bad_rows.sum())
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Philox
+# ----------------------------------------------------------------------------------------------------------------------
+def test_philox_known_answers():
+    cases = [
+        ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+        ((0xFFFFFFFF,) * 4, (0xFFFFFFFF, 0xFFFFFFFF), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+        ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+         (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    ]
+    for ctr, key, want in cases:
+        got = _C.philox4x32(*[torch.tensor([x]) for x in ctr + key])
+        assert [int(t) for t in got] == list(want)
+
+
+def test_philox_matches_reference_random():
+    g = torch.Generator().manual_seed(1)
+    args = [torch.randint(0, 2**32, (4096,), generator=g, dtype=torch.int64) for _ in range(6)]
+    for a, b in zip(_C.philox4x32(*args), ref.philox4x32(*args)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_step_uniforms_bit_identical(per_row):
+    B, L = 5, 9
+    seeds = torch.tensor([0, 1, 2**32, 2**32 + 7, 2**63 - 1])[: (B if per_row else 1)]
+    if not per_row:
+        seeds = torch.tensor([2**40 + 12345])
+    positions = torch.tensor([0, 2**32 - 3, 17, 2**33 + 5, -2])  # the second one wraps inside the window
+    for offset in (0, 5, 2**32 - 1, 2**32, 2**62 + 3):
+        off = torch.tensor([offset])
+        got = _C.step_uniforms(seeds, off, positions, L)
+        want = ref.step_uniforms(seeds, off, positions, L)
+        for a, b in zip(got, want):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_random_draft_tokens_bit_identical(per_row):
+    seeds = torch.tensor([5, 2**32 + 9, 2**61])[: (3 if per_row else 1)]
+    positions = torch.tensor([0, 2**32 - 1, 12345])
+    for vocab in (1, 7, 16384, 2**31 - 1):
+        for offset in (0, 2**32 + 1):
+            off = torch.tensor([offset])
+            assert torch.equal(_C.random_draft_tokens(seeds, off, positions, 6, vocab),
+                               ref.random_draft_tokens(seeds, off, positions, 6, vocab))
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_gumbel_uniforms_bit_identical(per_row):
+    B, L, V = 3, 4, 37
+    seeds = torch.tensor([3, 2**32 + 1, 2**50])[: (B if per_row else 1)]
+    positions = torch.tensor([0, 2**32 - 2, 99])
+    got = _C.gumbel_uniforms(seeds, positions, L, V)
+    want = ref.gumbel_uniforms(seeds, positions, L, V)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# verify_rows
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+@pytest.mark.parametrize("B,L,V", [(1, 1, 1), (1, 5, 7), (3, 5, 1000), (3, 16, 7), (1, 16, 16384), (3, 1, 16384)])
+@pytest.mark.parametrize("q", ["full", "uniform", None])
+def test_shapes_and_drafts(device, B, L, V, q):
+    case = make_case(B, L, V, q=q, cfg=True, seed=B * 100 + L + V, device=device)
+    kw = dict(cfg=1.7)
+    compare(call_op(**case, **kw), call_ref(**case, **kw))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cfg", [False, True])
+@pytest.mark.parametrize("strided", [False, True])
+def test_dtypes_strides_cfg(device, dtype, cfg, strided):
+    case = make_case(3, 5, 1000, dtype=dtype, cfg=cfg, strided=strided, seed=7, device=device)
+    kw = dict(cfg=2.5 if cfg else 1.0, T=0.8)
+    compare(call_op(**case, **kw), call_ref(**case, **kw))
+
+
+@pytest.mark.parametrize("nd", list(NEXT))
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("q", ["full", "uniform", "stride0_rows", None])
+def test_modes_and_next_drafts(device, nd, mode, q):
+    case = make_case(3, 16, 1000, q=q, cfg=True, seed=11, device=device, per_row_seed=(q == "full"))
+    kw = dict(cfg=1.5, mode=mode, nd=nd, tau=0.9, lam=0.3)
+    compare(call_op(**case, **kw), call_ref(**case, **kw))
+
+
+@pytest.mark.parametrize("top_k", [1, 5, 999, 1000, 5000])
+@pytest.mark.parametrize("nd", list(NEXT))
+def test_top_k(device, top_k, nd):
+    case = make_case(3, 5, 1000, q="full", seed=13, device=device)
+    kw = dict(top_k=top_k, nd=nd)
+    compare(call_op(**case, **kw), call_ref(**case, **kw))
+
+
+def test_top_k_ties(device):
+    # heavy ties: logits on a coarse grid, the k-th value repeated
+    case = make_case(3, 5, 64, q="full", seed=17, device=device)
+    case["c"] = (case["c"] * 2).round() / 2
+    for k in (1, 3, 10, 63):
+        compare(call_op(**case, top_k=k), call_ref(**case, top_k=k))
+
+
+@pytest.mark.parametrize("nd", list(NEXT))
+@pytest.mark.parametrize("q", ["full", None])
+def test_greedy(device, nd, q):
+    case = make_case(3, 5, 1000, q=q, seed=19, device=device)
+    case["c"] = case["c"].round()  # ties in the argmax
+    kw = dict(T=0.0, nd=nd, top_k=10)
+    compare(call_op(**case, **kw), call_ref(**case, **kw))
+
+
+@pytest.mark.parametrize("start", [1, 3, 16, 40])
+def test_start_committed(device, start):
+    case = make_case(3, 16, 1000, q="full", seed=23, start=start, device=device, bad_tokens=(start == 3))
+    compare(call_op(**case), call_ref(**case))
+
+
+@pytest.mark.parametrize("q", ["full", "uniform", None])
+def test_bad_draft_tokens(device, q):
+    """-1 (no draft) and out-of-range drafts; without draft_probs q is then the zero vector (TVD = sum p / 2)."""
+    case = make_case(3, 6, 100, q=q, seed=29, device=device, bad_tokens=True)
+    got = call_op(**case)
+    compare(got, call_ref(**case))
+    assert (got["status"].cpu() & ref.STATUS_BAD_DRAFT_TOKEN).all()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", ["target", "uncond", "probs"])
+def test_non_finite_rows(device, bad, where):
+    case = make_case(3, 5, 100, q="full", cfg=True, seed=31)
+    if where == "target":
+        case["c"][0, 2, 7] = bad
+        case["c"][2, 0, :] = bad
+    elif where == "uncond":
+        case["u"][1, 3, 0] = bad
+    else:
+        case["q"] = case["q"].clone()
+        case["q"][1, 1, 5] = bad
+        case["q"][2, 3, 0] = -0.5
+    case = {k: (v.to(device) if v is not None else None) for k, v in case.items()}
+    kw = dict(cfg=1.5)
+    got = call_op(**case, **kw)
+    compare(got, call_ref(**case, **kw))
+    toks = got["tokens"].cpu()
+    assert ((toks >= 0) & (toks < 100)).all()
+
+
+def test_cfg_overflow_is_bad_logits():
+    case = make_case(1, 3, 50, cfg=True, seed=37)
+    case["c"][0, 1, 3] = 3e38
+    case["u"][0, 1, 3] = -3e38
+    got = call_op(**case, cfg=2.0)
+    compare(got, call_ref(**case, cfg=2.0))
+    assert int(got["status"][0]) & ref.STATUS_BAD_LOGITS
+
+
+def test_no_probs_output(device):
+    case = make_case(3, 5, 1000, seed=41, device=device)
+    got = call_op(**case, return_probs=False)
+    compare(got, call_ref(**case, return_probs=False))
+
+
+@pytest.mark.parametrize("isa", ["baseline", "avx2"])
+@pytest.mark.parametrize("q", ["uniform", "full", None])
+def test_every_cpu_isa_path_matches(isa, q):
+    """The CPU kernel is compiled for AVX-512, AVX2+FMA and the baseline ISA; each copy must agree."""
+    case = make_case(3, 16, 1001, q=q, cfg=True, seed=43, strided=True)
+    for nd in NEXT:
+        _C._set_cpu_isa(isa)
+        try:
+            got = call_op(**case, nd=nd, cfg=1.5, top_k=(50 if nd == "maximal" else None))
+        finally:
+            _C._set_cpu_isa("auto")
+        compare(got, call_ref(**case, nd=nd, cfg=1.5, top_k=(50 if nd == "maximal" else None)))
+
+
+def test_many_random_rows_tolerate_rare_ties(device):
+    """Over many rows the integer outputs may differ only by float tie splits (<= 0.1% of rows)."""
+    g = torch.Generator().manual_seed(47)
+    mismatches = rows = 0
+    for trial, (q, nd, mode) in enumerate(itertools.product(["full", "uniform", None], list(NEXT), list(MODES))):
+        case = make_case(64, 8, 257, q=q, cfg=bool(trial % 2), seed=1000 + trial, device=device,
+                         per_row_seed=bool(trial % 3 == 0))
+        kw = dict(cfg=1.3, nd=nd, mode=mode, T=float(0.5 + torch.rand(1, generator=g)), tau=0.8)
+        mismatches += compare(call_op(**case, **kw), call_ref(**case, **kw), exact=False)
+        rows += 64
+    assert mismatches <= max(1, rows // 1000), f"{mismatches} of {rows} rows differ"
+
+
+def test_checks_have_clear_messages():
+    case = make_case(1, 2, 10)
+    with pytest.raises(RuntimeError, match="target_logits must be"):
+        call_op(**{**case, "c": case["c"][0]})
+    with pytest.raises(RuntimeError, match="draft_tokens"):
+        call_op(**{**case, "toks": case["toks"].to(torch.int32)})
+    with pytest.raises(RuntimeError, match="last-dim stride"):
+        call_op(**{**case, "q": torch.rand(1, 2, 20)[:, :, ::2]})
+    with pytest.raises(RuntimeError, match="seed"):
+        call_op(**{**case, "seed": torch.tensor([1, 2, 3])})
+
+
+def test_timing_vs_torch_sum(capsys):
+    """Not an assertion: the CPU kernel at (B, L, V) = (1, 16, 16384), CFG, uniform stride-0 q, vs torch.sum."""
+    case = make_case(1, 16, 16384, q="uniform", cfg=True, seed=53)
+    run = lambda: call_op(**case, cfg=1.5, return_probs=False)  # noqa: E731
+    total = lambda: (case["c"].sum(), case["u"].sum())  # noqa: E731
+
+    def best(fn, n=50):
+        for _ in range(5):
+            fn()
+        ts = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return min(ts)
+
+    t_op, t_sum = best(run), best(total)
+    with capsys.disabled():
+        print(f"\n[csd_kernels] verify_rows CPU (1,16,16384)+CFG: {t_op * 1e6:.0f} us, torch.sum over inputs: "
+              f"{t_sum * 1e6:.0f} us, ratio {t_op / t_sum:.1f}x (threads={torch.get_num_threads()}, isa={_C.cpu_isa()})")
