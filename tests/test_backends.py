@@ -45,8 +45,10 @@ def _assert_matches(got, expected, dtype):
 def test_backend_matches_reference(backend, batch, length, vocab, dtype, strided):
     seed = hash((batch, length, vocab, str(dtype), strided)) % 1000
     logits, uncond, probs, drafts = _case(batch, length, vocab, dtype, strided, seed)
+    start = torch.arange(batch) % 2
+    drafts[:, 0] = drafts[:, 0].clamp(min=0)  # committed positions (< start) need their token
     kwargs = dict(uncond_logits=uncond, cfg_scale=2.5, temperature=0.9, mode="csd", seed=seed, offset=3,
-                  start=torch.arange(batch) % 2, positions=torch.arange(batch) * 100)
+                  start=start, positions=torch.arange(batch) * 100)
     _assert_matches(ck.verify(logits, drafts, probs, backend=backend, **kwargs),
                     ck.verify(logits, drafts, probs, backend="torch", **kwargs), dtype)
 
@@ -73,7 +75,9 @@ def test_backend_options_match_reference(backend, options, q_kind):
         probs = None
     elif q_kind == "uniform":  # all strides 0: a uniform q is never materialised
         probs = torch.full((1, 1, 1), 1 / 64).expand(3, 6, 64)
-    kwargs = dict(uncond_logits=uncond, cfg_scale=3.0, seed=1, offset=2**40, start=torch.tensor([0, 2, 6]),
+    start = torch.tensor([0, 2, 6])
+    drafts = torch.where(torch.arange(6) < start[:, None], drafts.clamp(min=0), drafts)  # committed need tokens
+    kwargs = dict(uncond_logits=uncond, cfg_scale=3.0, seed=1, offset=2**40, start=start,
                   positions=torch.tensor([0, 2**32 - 3, 7]))
     kwargs.update(options)
     _assert_matches(ck.verify(logits, drafts, probs, backend=backend, **kwargs),
