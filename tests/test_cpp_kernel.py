@@ -12,7 +12,6 @@ Build first:  pip install --no-build-isolation -e .   (compiles csd_kernels._C; 
 from __future__ import annotations
 
 import itertools
-import time
 
 import pytest
 import torch
@@ -329,25 +328,3 @@ def test_checks_have_clear_messages():
         call_op(**{**case, "q": torch.rand(1, 2, 20)[:, :, ::2]})
     with pytest.raises(RuntimeError, match="seed"):
         call_op(**{**case, "seed": torch.tensor([1, 2, 3])})
-
-
-def test_timing_vs_torch_sum(capsys):
-    """Not an assertion: the CPU kernel at (B, L, V) = (1, 16, 16384), CFG, uniform stride-0 q, vs torch.sum."""
-    case = make_case(1, 16, 16384, q="uniform", cfg=True, seed=53)
-    run = lambda: call_op(**case, cfg=1.5, return_probs=False)  # noqa: E731
-    total = lambda: (case["c"].sum(), case["u"].sum())  # noqa: E731
-
-    def best(fn, n=50):
-        for _ in range(5):
-            fn()
-        ts = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return min(ts)
-
-    t_op, t_sum = best(run), best(total)
-    with capsys.disabled():
-        print(f"\n[csd_kernels] verify_rows CPU (1,16,16384)+CFG: {t_op * 1e6:.0f} us, torch.sum over inputs: "
-              f"{t_sum * 1e6:.0f} us, ratio {t_op / t_sum:.1f}x (threads={torch.get_num_threads()}, isa={_C.cpu_isa()})")
