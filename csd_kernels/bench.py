@@ -64,25 +64,27 @@ def time_call(fn: Callable[[], object], device: torch.device, repeats: int, warm
 
 
 def authors_python_loop(cond, uncond, q, drafts, cfg_scale=5.0, entropy_coef=0.5, tvd_threshold=0.65, temperature=1.0):
-    """The CSD authors' verification, transcribed from its description: a Python loop per row and position."""
+    """The CSD authors' verification, transcribed from its description: maths in the logits' dtype (bf16 for their
+    models), p and q clamped to 1e-10, a [B, L, V] uniform tensor per step, and a Python loop over rows and positions
+    with host syncs for the gate and the decision."""
     logits = uncond + cfg_scale * (cond - uncond)
-    p = torch.softmax(logits.float() / temperature, dim=-1)
-    batch, length, _ = p.shape
-    random = torch.rand_like(p)  # one [B, L, V] tensor per step, one value of it used per position
+    p_all = torch.softmax(logits / temperature, dim=-1)
+    random = torch.rand_like(p_all)
+    batch, length, _ = p_all.shape
     tokens = drafts.clone()
     accept_len = []
     for b in range(batch):
         n = length
         for i in range(length):
-            p_i, q_i = p[b, i].clamp(min=1e-10), q[b, i].clamp(min=1e-10)
-            h = -(p_i * p_i.log()).sum()
-            tvd = 0.5 * (p_i - q_i).abs().sum()
+            p, q_i = p_all[b, i].clamp(min=1e-10), q[b, i].to(p_all.dtype).clamp(min=1e-10)
+            h = -(p * p.log()).sum()
+            tvd = 0.5 * (p - q_i).abs().sum()
             x = int(drafts[b, i])
-            ratio = p_i[x] / q_i[x]
-            a = torch.clamp(ratio + entropy_coef * h, max=1.0) if tvd < tvd_threshold else torch.clamp(ratio, max=1.0)
-            if random[b, i, x] < a:
+            ratio = p[x] / q_i[x]
+            a = torch.clamp(ratio + entropy_coef * h, max=1.0) if tvd.item() < tvd_threshold else torch.clamp(ratio, max=1.0)
+            if random[b, i, x].item() < a.item():
                 continue
-            residual = (p_i - q_i).clamp(min=0)
+            residual = (p - q_i).clamp(min=0).float()
             tokens[b, i] = torch.multinomial(residual / residual.sum(), 1)[0]
             n = i
             break
@@ -91,11 +93,17 @@ def authors_python_loop(cond, uncond, q, drafts, cfg_scale=5.0, entropy_coef=0.5
 
 
 def make_inputs(batch, length, vocab, device, dtype=torch.bfloat16, seed=0):
-    """A CFG batch as a model returns it: [cond; uncond] rows interleaved, plus the previous iteration's q."""
+    """A CFG batch as a model returns it ([cond; uncond] rows interleaved) and the previous iteration's q.
+
+    q is p of a slightly different context (the logits plus noise), as in a Jacobi iteration: TVD(p, q) is below τ,
+    so the CSD gate is open and most drafts are accepted — the regime in which CSD does its work.
+    """
     g = torch.Generator(device="cpu").manual_seed(seed)
-    both = (2 * torch.randn(2 * batch, length, vocab, generator=g)).to(device=device, dtype=dtype)
-    q = torch.softmax(2 * torch.randn(batch, length, vocab, generator=g), -1).to(device)
-    drafts = torch.multinomial(q.reshape(-1, vocab).cpu(), 1, generator=g).reshape(batch, length).to(device)
+    both = (2 * torch.randn(2 * batch, length, vocab, generator=g)).to(dtype)
+    mixed = both[1::2].float() + 5.0 * (both[0::2].float() - both[1::2].float())
+    q = torch.softmax(mixed + 0.5 * torch.randn(mixed.shape, generator=g), -1)
+    drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).reshape(batch, length)
+    both, q, drafts = both.to(device), q.to(device), drafts.to(device)
     return both[0::2], both[1::2], q, drafts
 
 
