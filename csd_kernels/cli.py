@@ -168,10 +168,14 @@ def cmd_generate(args) -> dict:
     return stats
 
 
-def run_compare(entry, prompt: str, num: int, seeds: list[int], runs=COMPARE_RUNS, generate_kwargs=None,
+def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, generate_kwargs=None,
                 progress: bool = False) -> dict:
-    """Every run of ``runs`` on the same prompts and seeds; per run, the mean and spread over seeds."""
-    input_ids = entry.prompt_ids([prompt] * num)
+    """Every run of ``runs`` on the same prompts and seeds; per run, the mean and spread over seeds.
+
+    Seed s gives row b the seed s·len(prompts) + b, so the repeats never share a random stream.
+    """
+    num = len(prompts)
+    input_ids = entry.prompt_ids(prompts)
     generate_kwargs = dict(entry.defaults, **(generate_kwargs or {}))
     results, samples = {}, {}
     for label, mode, coupling in runs:
@@ -183,7 +187,7 @@ def run_compare(entry, prompt: str, num: int, seeds: list[int], runs=COMPARE_RUN
             record = {"passes": float(passes_per_row(out).mean()), "wall": time.perf_counter() - begin,
                       "distortion": float(torch.nan_to_num(out.distortion_map, nan=0.0).mean())}
             if entry.quality is not None:
-                record.update(entry.quality(out.tokens, [prompt] * num))
+                record.update(entry.quality(out.tokens, prompts))
             per_seed.append(record)
             if seed == seeds[0]:
                 samples[label] = out.images.cpu().numpy() if out.images is not None else None
@@ -216,7 +220,7 @@ def cmd_compare(args) -> dict:
     out_dir = _writable_dir(args.out)
     _input_ids(entry, args.prompt, 1)  # a bad prompt fails before any work
     seeds = list(range(args.seeds))
-    report = run_compare(entry, args.prompt, args.num, seeds, generate_kwargs=_generate_kwargs(args, entry),
+    report = run_compare(entry, [args.prompt] * args.num, seeds, generate_kwargs=_generate_kwargs(args, entry),
                          progress=not args.quiet)
     table = format_compare(report["results"])
     print(table)
