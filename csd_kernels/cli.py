@@ -261,10 +261,8 @@ def cmd_run(args):
 # ----------------------------------------------------------------------------------------------------------------------
 # argument parsing
 # ----------------------------------------------------------------------------------------------------------------------
-def _add_sampling(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="digits", help="a zoo model (default: digits)")
-    parser.add_argument("--prompt", required=True, help="the prompt (digits: a class id 0..9)")
-    parser.add_argument("--num", type=int, default=16, help="images per run (default 16)")
+def add_generation_options(parser: argparse.ArgumentParser) -> None:
+    """The generate() settings every command takes; unset ones fall back to the zoo model's defaults."""
     parser.add_argument("--window", type=int, help="Jacobi window (default 16)")
     parser.add_argument("--cfg-scale", dest="cfg_scale", type=float, help="classifier-free guidance scale")
     parser.add_argument("--temperature", type=float)
@@ -273,6 +271,13 @@ def _add_sampling(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tvd-threshold", dest="tvd_threshold", type=float, help="CSD τ (default 0.65)")
     parser.add_argument("--draft-init", dest="draft_init", choices=DRAFT_INITS)
     parser.add_argument("--backend", help="verify backend (default: the best available)")
+
+
+def _add_sampling(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="digits", help="a zoo model (default: digits)")
+    parser.add_argument("--prompt", required=True, help="the prompt (digits: a class id 0..9)")
+    parser.add_argument("--num", type=int, default=16, help="images per run (default 16)")
+    add_generation_options(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -43,7 +43,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .cli import UsageError, passes_per_row
+from .cli import UsageError, add_generation_options, passes_per_row
 from .decoding import COUPLINGS, DRAFT_INITS, MODES, generate
 
 __all__ = ["image_seed", "work_items", "shard", "read_prompts", "item_complete", "RunLock", "run", "format_table",
@@ -713,14 +713,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="images per generate() call on each rank (default 16; does not change the images)")
     parser.add_argument("--coupling", choices=sorted(COUPLINGS),
                         help="next drafts of sjd/csd (default: the lossless-tested choice)")
-    parser.add_argument("--window", type=int, help="Jacobi window (default 16)")
-    parser.add_argument("--cfg-scale", dest="cfg_scale", type=float, help="classifier-free guidance scale")
-    parser.add_argument("--temperature", type=float)
-    parser.add_argument("--top-k", dest="top_k", type=int)
-    parser.add_argument("--entropy-coef", dest="entropy_coef", type=float, help="CSD λ (default 0.5)")
-    parser.add_argument("--tvd-threshold", dest="tvd_threshold", type=float, help="CSD τ (default 0.65)")
-    parser.add_argument("--draft-init", dest="draft_init", choices=DRAFT_INITS)
-    parser.add_argument("--backend", help="verify backend (default: the best available)")
+    add_generation_options(parser)
     parser.add_argument("--num-threads", dest="num_threads", type=int,
                         help="torch threads per process (default: CPU cores / processes on this node)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or table")
