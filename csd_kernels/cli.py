@@ -201,13 +201,14 @@ def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, 
 
 def format_compare(results: dict) -> str:
     has_quality = "accuracy" in next(iter(results.values()))
-    header = f"{'run':12} {'passes/img':>14} {'speed-up':>8} {'wall s':>12} {'distortion':>10}"
+    width = max(12, *(len(label) for label in results))
+    header = f"{'run':{width}} {'passes/img':>14} {'speed-up':>8} {'wall s':>12} {'distortion':>10}"
     if has_quality:
         header += f" {'accuracy':>13} {'Fréchet':>13}"
     lines = [header, "-" * len(header)]
     pm = lambda r, key, fmt: f"{format(r[key]['mean'], fmt)}±{format(r[key]['std'], fmt)}"  # noqa: E731
     for label, r in results.items():
-        line = (f"{label:12} {pm(r, 'passes', '.1f'):>14} {r['speedup']:7.2f}x {pm(r, 'wall', '.2f'):>12} "
+        line = (f"{label:{width}} {pm(r, 'passes', '.1f'):>14} {r['speedup']:7.2f}x {pm(r, 'wall', '.2f'):>12} "
                 f"{r['distortion']['mean']:10.4f}")
         if has_quality:
             line += f" {pm(r, 'accuracy', '.3f'):>13} {pm(r, 'frechet', '.2f'):>13}"
