@@ -17,17 +17,29 @@ uniformly random (q = 1/V, from :func:`csd_kernels.reference.random_draft_tokens
 the committed token of the grid row above (q one-hot). The last window slot has no draft (-1). The row commits the
 accepted prefix plus the token resampled at the first rejection.
 
-Batching. Each iteration runs ONE forward call over grid positions [m, max_b e_b), m = min_b n_b; the KV cache is
-rolled back (``DynamicCache.crop``) to the common committed length m before it. A row that is ahead re-feeds its
-committed tokens in [m, n_b) (passed to verify as committed via ``start``); positions past its own window get no
-draft and are ignored. So every row sees exactly the window, drafts and q it would see alone, and its random numbers
-depend only on (its seed, absolute grid position, iteration number): a row's tokens do not depend on the other rows
-of the batch (up to the float noise of batched matmuls). The only host sync per iteration is reading accept_len.
+Batching. Each iteration runs ONE forward call; the KV cache is rolled back (``DynamicCache.crop``) to the common
+committed length m = min_b n_b before it. A row is ACTIVE in the iteration when n_b <= m + max_lead, otherwise it is
+PAUSED. The forward covers grid positions [m, max over active rows of e_b), so it is at most max_lead + W long. An
+active row that is ahead re-feeds its committed tokens in [m, n_b) (passed to verify as committed via ``start``);
+positions past its own window get no draft and are ignored. A paused row re-feeds its committed tokens (and junk
+past them), is verified as fully committed (start = L), commits nothing and keeps its whole state: tokens, drafts,
+the q of its drafts and its attempt counter it_b. Every row's random numbers are keyed by (its own seed, absolute
+grid position, it_b = the number of iterations in which the row was active), passed to verify / random_draft_tokens
+as per-row offsets. So in each of its active iterations a row sees exactly the window, drafts, q and random numbers
+it would see alone: a row's tokens do not depend on the other rows of the batch nor on max_lead (up to the float
+noise of batched matmuls); only forward_passes and the forward lengths do. The only host sync per iteration is
+reading accept_len.
 
-Memory: q for positions drafted in the previous iteration is that iteration's p, so with ``temperature > 0`` the
-loop materialises one [B, L, V] float32 q per iteration (a gather from the previous p, the size of the logits). When
-no position has a previous-iteration draft, q is a stride-0 expanded 1/V; at temperature 0 q is not needed (p is
-one-hot, and one-hot or 1/V drafts give identical decisions) and verify gets ``draft_probs=None``.
+max_lead trades forward length against forward passes: a large lead keeps every row busy (fewest passes) but the
+forward spans the whole spread of the batch (mean 57 tokens at B=16, 62 at B=64 on the digits model, sjd, W=16,
+versus 16 at B=1); a small lead bounds the forward to max_lead + W tokens at the cost of some passes in which rows
+sit out. See DEFAULT_MAX_LEAD_FACTOR for the measurement behind the default (max_lead = W).
+
+Memory: q for a position drafted in a row's previous active iteration is that iteration's p. With
+``temperature > 0`` the loop keeps a per-row q store [B, W, V] float32 (slot j = grid position n_b + j, written from
+p when the row is active, left untouched while it is paused) and materialises one [B, L, V] q per iteration (a
+gather from the store). When no row has such a draft, q is a stride-0 expanded 1/V; at temperature 0 q is not needed
+(p is one-hot, and one-hot or 1/V drafts give identical decisions) and verify gets ``draft_probs=None``.
 """
 
 from __future__ import annotations
@@ -51,6 +63,14 @@ COUPLINGS = {"none": "independent", "independent": "independent", "maximal": "ma
 # row: 16 codes 51.3 none / 48.4 maximal / 49.2 gumbel; 8 codes 16.8 / 12.2 / 13.0; AR = 64).
 DEFAULT_COUPLING = "maximal"
 DRAFT_INITS = ("uniform", "above")
+# max_lead=None means max_lead = DEFAULT_MAX_LEAD_FACTOR * window (see the module docstring, "Batching"), so a
+# forward call spans at most 2·W positions. Measured on the digits model (sjd, W = 16, seed 0, prompts "7"), forward
+# passes / mean forward length / row-tokens through the model (passes × length) at B = 64:
+#   unbounded (the old loop): 108 / 61.6 / 6650;  max_lead = 16 (= W): 128 / 28.9 / 3700;
+#   8: 150 / 22.5 / 3380;  0: 256 / 15.5 / 3970  (B = 16: unbounded 108 / 56.7, W: 119 / 27.8, 0: 255 / 15.5).
+# max_lead = W nearly halves the forward compute for +18% passes; smaller leads save little more compute and cost
+# many more passes (0 degenerates to AR's pass count), so the default is one window.
+DEFAULT_MAX_LEAD_FACTOR = 1
 
 
 @dataclass
@@ -83,7 +103,9 @@ def _row_seeds(seed, batch: int) -> torch.Tensor:
     return seeds
 
 
-def _check_args(input_ids, mode, window, temperature, top_k, draft_init, coupling):
+def _check_args(input_ids, mode, window, temperature, top_k, draft_init, coupling, max_lead=None):
+    if max_lead is not None and (isinstance(max_lead, bool) or not isinstance(max_lead, int) or max_lead < 0):
+        raise ValueError(f"max_lead must be None or an int >= 0, got {max_lead!r}")
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
         raise ValueError("input_ids must be a [B, S] integer tensor")
     if input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
@@ -147,6 +169,7 @@ def generate(
     group_rank: int = DEFAULT_GROUP_RANK,
     group_delta: float = DEFAULT_GROUP_DELTA,
     sync_timings: bool = False,
+    max_lead: Optional[int] = None,
 ) -> GenerateOutput:
     """Generate images with speculative Jacobi decoding (see the module docstring).
 
@@ -156,8 +179,12 @@ def generate(
     cfg_scale = 1 runs no unconditional rows. group_rank / group_delta: the GSD group (k, δ).
     sync_timings: on CUDA, synchronise around the timed phases (otherwise host-side times: asynchronous model work
     is then attributed to verify, where the loop waits for accept_len).
+    max_lead: a row is verified in an iteration only while it is at most max_lead committed tokens ahead of the
+    slowest row (others pause without changing their tokens), which bounds each forward call to max_lead + window
+    positions. 0 = only the rows with the fewest committed tokens advance; None = DEFAULT_MAX_LEAD_FACTOR·window.
+    The tokens do not depend on max_lead, only forward_passes and the forward lengths do.
     """
-    _check_args(input_ids, mode, window, temperature, top_k, draft_init, coupling)
+    _check_args(input_ids, mode, window, temperature, top_k, draft_init, coupling, max_lead)
     adapter = get_adapter(model)
     batch = int(input_ids.shape[0])
     height, width = adapter.grid
@@ -166,6 +193,7 @@ def generate(
     if mode == "ar":
         window = 1
     window = min(window, total)
+    lead = DEFAULT_MAX_LEAD_FACTOR * window if max_lead is None else max_lead
     device = adapter.device
     seeds = _row_seeds(seed, batch).to(device)  # [B]
     verify = _verify_fn()
@@ -184,9 +212,11 @@ def generate(
     n = [0] * batch  # committed tokens per row (host mirror of n_dev, refreshed by the one sync per iteration)
     n_dev = torch.zeros(batch, 1, dtype=torch.int64, device=device)  # [B, 1]
     drafted_dev = torch.zeros(batch, 1, dtype=torch.int64, device=device)  # seq[b, n_b:drafted_b] = sampled drafts
-    has_sampled = False  # some row holds drafts sampled in the previous iteration (host-known)
-    offsets = torch.arange(total + 1, dtype=torch.int64, device=device)  # offsets[i:i+1] = iteration i, no copy
-    prev_probs, prev_m = None, 0  # p of the previous iteration [B, L_prev, V] and its first grid position
+    row_sampled = [False] * batch  # row b holds drafts sampled in its last active iteration (host-known)
+    attempts = torch.zeros(batch, dtype=torch.int64, device=device)  # it_b: active iterations of row b (its offset)
+    # q_store[b, j] = p of row b's last active iteration at grid position n_b + j (the q of its sampled drafts)
+    q_store = torch.zeros(batch, window, vocab, dtype=torch.float32, device=device) if need_q else None
+    slots = torch.arange(window, device=device)[None, :]  # [1, W]
     accepted: list = []
     iteration = 0
     bar = None
@@ -196,20 +226,22 @@ def generate(
         bar = tqdm(total=total, desc=f"csd_kernels {mode}", unit="tok")
 
     while min(n) < total:
-        m, top = min(n), max(n)
-        end = min(top + window, total)
-        length = end - m  # L
-        offset = offsets[iteration : iteration + 1]  # [1]
+        m = min(n)
+        active = [nb <= m + lead for nb in n]  # host-known; the slowest row is always active
+        all_active = all(active)
+        end = min(max(nb for nb, a in zip(n, active) if a) + window, total)
+        length = end - m  # L <= max_lead + W
+        active_dev = n_dev <= m + lead  # [B, 1], the same mask on the device (no sync)
         grid_pos = torch.arange(m, end, device=device)[None, :]  # [1, L] absolute grid index of window slot i
         win_end = (n_dev + window).clamp(max=total)  # [B, 1] e_b: row b's window is [n_b, e_b)
-        committed = grid_pos < n_dev  # [B, L]
-        draftable = (grid_pos >= n_dev) & (grid_pos < win_end - 1)  # [B, L] slots that get a draft
+        committed = (grid_pos < n_dev) | ~active_dev  # [B, L]; a paused row is verified as fully committed
+        draftable = (grid_pos >= n_dev) & (grid_pos < win_end - 1) & active_dev  # [B, L] slots that get a draft
         sampled = draftable & (grid_pos < drafted_dev)
         fresh = draftable & ~sampled
 
         # ---- drafts for grid positions [m, end) --------------------------------------------------------------
         positions = torch.full((batch,), m, dtype=torch.int64, device=device)  # [B]
-        fresh_tokens = R.random_draft_tokens(seeds, offset, positions, length, vocab)  # [B, L]
+        fresh_tokens = R.random_draft_tokens(seeds, attempts, positions, length, vocab)  # [B, L]
         if draft_init == "above":
             above_pos = grid_pos[0] - width  # [L]
             above = fresh & (above_pos >= 0) & (above_pos < n_dev)  # [B, L]
@@ -229,47 +261,51 @@ def generate(
         t_model += t1 - t0
 
         # ---- verification ----------------------------------------------------------------------------------------
-        start = (n_dev[:, 0] - m).clamp(0, length)  # [B] committed prefix of each row's window
+        start = torch.where(active_dev[:, 0], (n_dev[:, 0] - m).clamp(0, length), length)  # [B] committed prefix
         q = None
         if need_q:
             fill = torch.full((1, 1, 1), 1.0 / vocab, device=device).expand(batch, length, vocab)  # stride 0
             if draft_init == "above":
                 fill = torch.where(above[..., None], torch.nn.functional.one_hot(fresh_tokens, vocab).float(), fill)
-            if has_sampled:  # q of a previous-iteration draft is that iteration's p: materialise [B, L, V]
-                index = (grid_pos[0] - prev_m).clamp(0, prev_probs.shape[1] - 1)  # [L]
-                q = torch.where(sampled[..., None], prev_probs[:, index], fill)
+            if any(s and a for s, a in zip(row_sampled, active)):  # q of a sampled draft: materialise [B, L, V]
+                index = (grid_pos - n_dev).clamp(0, window - 1)  # [B, L] slot of the row's q store
+                stored = q_store.gather(1, index[..., None].expand(batch, length, vocab))
+                q = torch.where(sampled[..., None], stored, fill)
             else:
                 q = fill
         common = dict(uncond_logits=uncond, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k)
         if mode == "gsd":
             res = grouped_verify(cond, drafts, q, **common, group_rank=group_rank, group_delta=group_delta,
-                                 start=start, positions=positions, seed=seeds, offset=offset, return_probs=need_q)
+                                 start=start, positions=positions, seed=seeds, offset=attempts, return_probs=need_q)
             accept_len = res.accept_len
         elif mode == "jd":
             # fresh samples at every uncommitted position; accept drafts while they equal the fresh sample
             res = verify(cond, torch.where(committed, drafts, -1), None, **common, mode="strict", start=start,
-                         next_drafts="independent", positions=positions, seed=seeds, offset=offset,
+                         next_drafts="independent", positions=positions, seed=seeds, offset=attempts,
                          return_probs=False, backend=backend, validate=False)
             match = committed | (drafts == res.tokens)  # [B, L]
             accept_len = torch.where(match.all(-1), length, (~match).to(torch.int64).argmax(-1))
         else:  # ar, sjd, csd
             res = verify(cond, drafts, q, **common, mode="csd" if mode == "csd" else "strict",
                          entropy_coef=entropy_coef, tvd_threshold=tvd_threshold, start=start, next_drafts=next_drafts,
-                         positions=positions, seed=seeds, offset=offset, return_probs=need_q, backend=backend,
+                         positions=positions, seed=seeds, offset=attempts, return_probs=need_q, backend=backend,
                          validate=False)
             accept_len = res.accept_len
         # the one host sync of the iteration: accept_len and the verify status bits together
         accept_list, status = torch.stack([accept_len.to(torch.int64), res.status.to(torch.int64)]).tolist()
-        if any(status):
+        if any(s and a for s, a in zip(status, active)):
             raise ValueError(f"verification flagged the model's logits or the drafts (status bits {status}; "
                              f"1 = NaN/Inf logits) at grid positions {m}..{end - 1}")
         t2 = time.perf_counter()
         t_verify += t2 - t1
 
-        # ---- commit ------------------------------------------------------------------------------------------------
-        new_n = [min(m + a + 1, max(min(nb + window, total), nb)) for a, nb in zip(accept_list, n)]
+        # ---- commit (active rows only; a paused row keeps seq, drafts, q store and it_b as they are) ------------
+        new_n = [min(m + a + 1, max(min(nb + window, total), nb)) if act else nb
+                 for a, nb, act in zip(accept_list, n, active)]
         new_dev = torch.minimum(m + accept_len.to(torch.int64)[:, None] + 1, torch.maximum(win_end, n_dev))  # [B, 1]
-        seq[:, m:end] = res.tokens  # committed prefix, resampled token, next drafts (junk past a row's window)
+        new_dev = torch.where(active_dev, new_dev, n_dev)
+        # committed prefix, resampled token, next drafts (junk past a row's window)
+        seq[:, m:end] = res.tokens if all_active else torch.where(active_dev, res.tokens, seq[:, m:end])
         newly = (grid_pos >= n_dev) & (grid_pos < new_dev)  # [B, L]
         if mode == "jd":  # accept indicator; the distortion of sampled-draft matching is not tracked
             accept_prob, distortion = match.float(), torch.full_like(res.entropy, float("nan"))
@@ -278,12 +314,17 @@ def generate(
         stats = torch.stack([res.entropy, accept_prob, distortion, res.tvd]).float()  # [4, B, L]
         maps[:, :, m:end] = torch.where(newly[None], stats, maps[:, :, m:end])
         accepted.append([b - a for a, b in zip(n, new_n)])
-        has_sampled = any(min(nb + window, total) > nn for nb, nn in zip(n, new_n))
-        drafted_dev = win_end
+        row_sampled = [min(nb + window, total) > nn if act else s
+                       for nb, nn, act, s in zip(n, new_n, active, row_sampled)]
+        if need_q and any(row_sampled):  # keep p at the row's new window [new n_b, new n_b + W) for its next drafts
+            index = (new_dev - m + slots).clamp(0, length - 1)  # [B, W] slot -> window index of this iteration
+            fresh_q = res.probs.gather(1, index[..., None].expand(batch, window, vocab))
+            q_store = fresh_q if all_active else torch.where(active_dev[..., None], fresh_q, q_store)
+        drafted_dev = torch.where(active_dev, win_end, drafted_dev)
+        attempts = attempts + active_dev[:, 0].to(torch.int64)
         if bar is not None:
             bar.update(min(new_n) - m)
         n, n_dev = new_n, new_dev
-        prev_probs, prev_m = res.probs, m
         iteration += 1
 
     if bar is not None:

@@ -76,7 +76,8 @@ def grouped_verify(
 ) -> R.VerifyOutputs:
     """GSD verification with the outputs of :func:`csd_kernels.reference.verify` (same shapes and conventions:
     positions < start[b] are committed; accept_len = first uncommitted rejection; tokens = drafts, resampled token,
-    then fresh draws from p).  Shape: target_logits [B, L, V], draft_tokens [B, L], draft_probs [B, L, V] or None."""
+    then fresh draws from p).  Shape: target_logits [B, L, V], draft_tokens [B, L], draft_probs [B, L, V] or None,
+    seed [1] or [B], offset [1] or [B] (per-row step-stream offsets, as in the reference)."""
     batch, length, vocab = target_logits.shape
     device = target_logits.device
     z = R.mixed_logits(target_logits, uncond_logits, cfg_scale, temperature)

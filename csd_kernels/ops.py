@@ -233,7 +233,8 @@ def verify(
     (-1 = no draft), draft_probs [B, L, V] float32 or None (one-hot drafts; strides may be 0 for a uniform q),
     uncond_logits like target_logits, start and positions [B] int (or an int for all rows),
     seed an int in [0, 2^64) or an int64 tensor of 1 or B elements (B: one seed per row), offset an int in [0, 2^63)
-    or a 1-element int64 tensor (tensors keep the op CUDA-graph safe).
+    or an int64 tensor of 1 or B elements (B: one step-stream offset per row, row b uses offset[b]; values must lie
+    in [0, 2^63)) (tensors keep the op CUDA-graph safe).
 
     ``validate=True`` reads the per-row status the kernels write (one host sync, together with accept_len, which
     lands in ``accept_len_host``) and raises ValueError naming the argument; with ``validate=False`` the op never
@@ -273,7 +274,7 @@ def verify(
     start = _index_tensor("start", start, batch, device)
     positions = _index_tensor("positions", positions, batch, device)
     seed = _philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64)
-    offset = _philox_word("offset", offset, device, limit=1 << 63)
+    offset = _philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63)
     chosen = select_backend(backend, device)
 
     outputs = _verify_op(

@@ -34,7 +34,9 @@ Random numbers: Philox4x32-10 (Salmon et al., 2011), see :func:`philox4x32`. Key
 
 where pos = (positions[b] + i) mod 2^32 (absolute token index), row_id = b when one seed is shared by the batch and 0
 when every row has its own seed (so a row's stream does not depend on its place in a batch), and offset < 2^63 so the
-step stream's top bit is always 0. A 32-bit Philox word x becomes the uniform ((x >> 9) + 0.5) · 2^-23, which is
+step stream's top bit is always 0. ``offset`` is one value shared by the batch ([1]) or one per row ([B]): the step
+stream of row b uses offset[b] (offset[0] when it is shared), so with per-row seeds and offsets a row's step stream
+does not depend on the batch at all (a decoding loop keys each row by its own attempt count). A 32-bit Philox word x becomes the uniform ((x >> 9) + 0.5) · 2^-23, which is
 exact in float32 and lies strictly inside (0, 1).
 """
 
@@ -141,6 +143,16 @@ def _seed_key(seed: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tenso
     return seed & _MASK32, (seed >> 32) & _MASK32, row_id
 
 
+def _row_offsets(offset: torch.Tensor, batch: int) -> torch.Tensor:
+    """[B, 1] int64 step-stream offset of each row: offset[b] when one per row is given, else offset[0]."""
+    offset = torch.as_tensor(offset, dtype=torch.int64).reshape(-1)
+    if offset.numel() == 1:
+        return offset.expand(batch)[:, None]
+    if offset.numel() != batch:
+        raise ValueError(f"offset: expected 1 or {batch} values, got {offset.numel()}")
+    return offset[:, None]
+
+
 def _absolute_positions(positions: torch.Tensor, length: int) -> torch.Tensor:
     """[B, L] uint32 (in int64) absolute index of each window position."""
     window = torch.arange(length, dtype=torch.int64, device=positions.device)
@@ -150,11 +162,11 @@ def _absolute_positions(positions: torch.Tensor, length: int) -> torch.Tensor:
 def step_uniforms(seed: torch.Tensor, offset: torch.Tensor, positions: torch.Tensor, length: int):
     """(u_accept, u_sample), each [B, L] float32, from the step stream.
 
-    Shape: seed [1] or [B] int64, offset [1] int64, positions [B] int64.
+    Shape: seed [1] or [B] int64, offset [1] or [B] int64 (row b uses offset[b]), positions [B] int64.
     """
     batch = positions.numel()
     k0, k1, row_id = _seed_key(seed, batch)
-    offset = offset.reshape(-1)[0].to(torch.int64)
+    offset = _row_offsets(offset, batch)
     pos = _absolute_positions(positions, length)
     lane0, lane1, _, _ = philox4x32(
         pos, row_id[:, None], offset & _MASK32, (offset >> 32) & _MASK32, k0[:, None], k1[:, None]
@@ -166,10 +178,11 @@ def random_draft_tokens(seed: torch.Tensor, offset: torch.Tensor, positions: tor
     """[B, L] int64 uniformly random tokens in [0, V) from lane 2 of the step stream (q = 1/V drafts).
 
     Keyed like the verification uniforms, so a decoding loop's initial drafts depend on (seed, position, offset) only.
+    Shape: seed [1] or [B], offset [1] or [B] (row b uses offset[b]), positions [B].
     """
     batch = positions.numel()
     k0, k1, row_id = _seed_key(seed, batch)
-    offset = offset.reshape(-1)[0].to(torch.int64)
+    offset = _row_offsets(offset, batch)
     pos = _absolute_positions(positions, length)
     _, _, lane2, _ = philox4x32(pos, row_id[:, None], offset & _MASK32, (offset >> 32) & _MASK32, k0[:, None], k1[:, None])
     return (lane2 * vocab) >> 32
@@ -339,7 +352,7 @@ def verify(
 
     ``uniforms`` = (u_accept, u_sample), each [B, L], replaces the Philox step stream (tests use it to fix u).
     Shape: target_logits [B, L, V], draft_tokens [B, L], draft_probs [B, L, V] or None, start/positions [B],
-    seed [1] or [B], offset [1].
+    seed [1] or [B], offset [1] or [B] (per-row step-stream offsets).
     """
     batch, length, vocab = target_logits.shape
     device = target_logits.device

@@ -31,7 +31,8 @@ Kernel 2, ``_finalize_kernel``: grid ``(B,)``; accept_len = first stopping posit
 results go through three small int32 [B, L] scratch tensors.
 
 Random numbers: Philox4x32-10 written here with uint32 ``tl.umulhi`` and wrapping ``tl.mul`` (bit-identical to
-``reference.philox4x32``); seeds and the offset are read inside the kernel from device tensors, so the launcher never
+``reference.philox4x32``); seeds and the offset (one shared or one per row) are read inside the kernel from device
+tensors, so the launcher never
 synchronises with the device (CUDA-graph safe).  FMA contraction is disabled (``enable_fp_fusion=False``) so the
 fp32 mix ``u + s·(c − u)`` rounds as in the reference.
 """
@@ -200,7 +201,7 @@ if triton is not None:
         q_ptr, s_qb, s_ql, s_qv,
         draft_ptr, s_db, s_dl,
         start_ptr, s_start, positions_ptr, s_pos,
-        seed_ptr, seed_stride, offset_ptr,
+        seed_ptr, seed_stride, offset_ptr, offset_stride,
         probs_ptr, ent_ptr, tvd_ptr, acc_ptr, dist_ptr,
         res_ptr, later_ptr, flags_ptr,
         L, V, cfg_scale, inv_t, top_k, entropy_coef, tvd_threshold,
@@ -283,8 +284,8 @@ if triton is not None:
             a = strict_a
             dist = tl.zeros_like(h)
 
-        pos, row_id, k0, k1, u_acc, u_smp = _position_rng(seed_ptr, seed_stride, positions_ptr, s_pos, offset_ptr, b, i,
-                                                          PER_ROW_SEED)
+        pos, row_id, k0, k1, u_acc, u_smp = _position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
+                                                          offset_ptr + b * offset_stride, b, i, PER_ROW_SEED)
         accepted = has_draft & (u_acc < a)
 
         # ---- resample: inverse CDF over the residual max(p − q, 0) (p when it sums to 0 or there is no draft)
@@ -341,7 +342,7 @@ if triton is not None:
         q_ptr, s_qb, s_ql, s_qv,
         draft_ptr, s_db, s_dl,
         start_ptr, s_start, positions_ptr, s_pos,
-        seed_ptr, seed_stride, offset_ptr,
+        seed_ptr, seed_stride, offset_ptr, offset_stride,
         probs_ptr, ent_ptr, tvd_ptr, acc_ptr, dist_ptr,
         res_ptr, later_ptr, flags_ptr,
         L, V, cfg_scale, inv_t, top_k, entropy_coef, tvd_threshold,
@@ -363,8 +364,8 @@ if triton is not None:
         x = tl.where(bad_tok, -1, x)
         has_draft = x >= 0
         committed = i < tl.load(start_ptr + b * s_start)
-        pos, row_id, k0, k1, u_acc, u_smp = _position_rng(seed_ptr, seed_stride, positions_ptr, s_pos, offset_ptr, b, i,
-                                                          PER_ROW_SEED)
+        pos, row_id, k0, k1, u_acc, u_smp = _position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
+                                                          offset_ptr + b * offset_stride, b, i, PER_ROW_SEED)
 
         # ---- sweep 0 (top_k only): k-th largest z by bisection, 32 counting sweeps
         thr = tl.full((), -2147483648, tl.int64)
@@ -646,6 +647,7 @@ def verify_triton(
     qt = draft_probs if has_q else ent  # dummy pointer, never read
     q_strides = (draft_probs.stride(0), draft_probs.stride(1), draft_probs.stride(2)) if has_q else (0, 0, 0)
     seed = seed.reshape(-1)
+    offset = offset.reshape(-1)
     per_row_seed = seed.numel() != 1
     greedy = temperature == 0
     inv_t = _fp32(1.0 / temperature) if not greedy else 1.0  # 1/T rounded to fp32 once, as the reference
@@ -665,7 +667,7 @@ def verify_triton(
         qt, *q_strides,
         draft_tokens, draft_tokens.stride(0), draft_tokens.stride(1),
         start, start.stride(0), positions, positions.stride(0),
-        seed, 1 if per_row_seed else 0, offset,
+        seed, 1 if per_row_seed else 0, offset, 1 if offset.numel() != 1 else 0,
         probs, ent, tvd, acc, dist,
         res, later, flags,
         L, V, float(cfg_scale), inv_t, int(top_k), float(entropy_coef), float(tvd_threshold),

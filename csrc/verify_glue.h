@@ -92,8 +92,8 @@ inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::
   TORCH_CHECK(seed.scalar_type() == at::kLong && (seed.numel() == 1 || seed.numel() == a.B), op,
               "seed must be int64 [1] or [B], got ", seed.scalar_type(), " ", seed.sizes());
   on_device(offset, "offset");
-  TORCH_CHECK(offset.scalar_type() == at::kLong && offset.numel() == 1, op, "offset must be int64 [1], got ",
-              offset.scalar_type(), " ", offset.sizes());
+  TORCH_CHECK(offset.scalar_type() == at::kLong && (offset.numel() == 1 || offset.numel() == a.B), op,
+              "offset must be int64 [1] or [B], got ", offset.scalar_type(), " ", offset.sizes());
   TORCH_CHECK(mode == kModeStrict || mode == kModeCsd, op, "mode must be 0 (strict) or 1 (csd), got ", mode);
   TORCH_CHECK(next_drafts >= 0 && next_drafts <= 2, op,
               "next_drafts must be 0 (independent), 1 (maximal) or 2 (gumbel), got ", next_drafts);

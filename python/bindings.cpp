@@ -43,13 +43,15 @@ std::vector<at::Tensor> philox4x32(const at::Tensor& c0, const at::Tensor& c1, c
 std::vector<at::Tensor> step_uniforms(const at::Tensor& seed, const at::Tensor& offset, const at::Tensor& positions,
                                       int64_t length) {
   const at::Tensor s = as_cpu_i64(seed).reshape(-1), pos = as_cpu_i64(positions).reshape(-1);
-  const int64_t off = as_cpu_i64(offset).reshape(-1)[0].item<int64_t>();
+  const at::Tensor off_t = as_cpu_i64(offset).reshape(-1).contiguous();
   const int64_t B = pos.numel();
   TORCH_CHECK(s.numel() == 1 || s.numel() == B, "step_uniforms: seed must be [1] or [B]");
+  TORCH_CHECK(off_t.numel() == 1 || off_t.numel() == B, "step_uniforms: offset must be [1] or [B]");
   at::Tensor ua = at::empty({B, length}, at::kFloat), us = at::empty({B, length}, at::kFloat);
   for (int64_t b = 0; b < B; ++b) {
     const bool shared = s.numel() == 1;
     const csd::RowKey key = csd::row_key(s.data_ptr<int64_t>()[shared ? 0 : b], shared, b);
+    const int64_t off = off_t.data_ptr<int64_t>()[off_t.numel() == 1 ? 0 : b];
     for (int64_t i = 0; i < length; ++i) {
       csd::step_uniforms(key, csd::absolute_position(pos.data_ptr<int64_t>()[b], i), off,
                          ua.data_ptr<float>() + b * length + i, us.data_ptr<float>() + b * length + i);
@@ -62,13 +64,15 @@ std::vector<at::Tensor> step_uniforms(const at::Tensor& seed, const at::Tensor& 
 at::Tensor random_draft_tokens(const at::Tensor& seed, const at::Tensor& offset, const at::Tensor& positions,
                                int64_t length, int64_t vocab) {
   const at::Tensor s = as_cpu_i64(seed).reshape(-1), pos = as_cpu_i64(positions).reshape(-1);
-  const int64_t off = as_cpu_i64(offset).reshape(-1)[0].item<int64_t>();
+  const at::Tensor off_t = as_cpu_i64(offset).reshape(-1).contiguous();
   const int64_t B = pos.numel();
   TORCH_CHECK(s.numel() == 1 || s.numel() == B, "random_draft_tokens: seed must be [1] or [B]");
+  TORCH_CHECK(off_t.numel() == 1 || off_t.numel() == B, "random_draft_tokens: offset must be [1] or [B]");
   at::Tensor out = at::empty({B, length}, at::kLong);
   for (int64_t b = 0; b < B; ++b) {
     const bool shared = s.numel() == 1;
     const csd::RowKey key = csd::row_key(s.data_ptr<int64_t>()[shared ? 0 : b], shared, b);
+    const int64_t off = off_t.data_ptr<int64_t>()[off_t.numel() == 1 ? 0 : b];
     for (int64_t i = 0; i < length; ++i)
       out.data_ptr<int64_t>()[b * length + i] =
           csd::random_draft_token(key, csd::absolute_position(pos.data_ptr<int64_t>()[b], i), off, vocab);

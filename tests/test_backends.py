@@ -66,6 +66,9 @@ def test_backend_matches_reference(backend, batch, length, vocab, dtype, strided
         dict(mode="csd", temperature=0.0, next_drafts="gumbel"),
         dict(mode="csd", entropy_coef=0.0, tvd_threshold=1.0),
         dict(mode="csd", seed=torch.tensor([5, 2**40, 2**63 + 9 - 2**64], dtype=torch.int64)),
+        dict(mode="csd", offset=torch.tensor([0, 7, 2**62 + 3], dtype=torch.int64)),
+        dict(mode="csd", next_drafts="maximal", offset=torch.tensor([2**40, 1, 2**32], dtype=torch.int64),
+             seed=torch.tensor([5, 6, 7], dtype=torch.int64)),
     ],
 )
 @pytest.mark.parametrize("q_kind", ["one-hot", "full", "uniform"])

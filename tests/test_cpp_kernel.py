@@ -152,8 +152,8 @@ def test_step_uniforms_bit_identical(per_row):
     if not per_row:
         seeds = torch.tensor([2**40 + 12345])
     positions = torch.tensor([0, 2**32 - 3, 17, 2**33 + 5, -2])  # the second one wraps inside the window
-    for offset in (0, 5, 2**32 - 1, 2**32, 2**62 + 3):
-        off = torch.tensor([offset])
+    for offset in (0, 5, 2**32 - 1, 2**32, 2**62 + 3, [0, 2**32, 7, 2**62 + 3, 1]):  # the last: one per row
+        off = torch.tensor(offset if isinstance(offset, list) else [offset])
         got = _C.step_uniforms(seeds, off, positions, L)
         want = ref.step_uniforms(seeds, off, positions, L)
         for a, b in zip(got, want):
@@ -165,8 +165,8 @@ def test_random_draft_tokens_bit_identical(per_row):
     seeds = torch.tensor([5, 2**32 + 9, 2**61])[: (3 if per_row else 1)]
     positions = torch.tensor([0, 2**32 - 1, 12345])
     for vocab in (1, 7, 16384, 2**31 - 1):
-        for offset in (0, 2**32 + 1):
-            off = torch.tensor([offset])
+        for offset in (0, 2**32 + 1, [3, 2**32 + 1, 0]):  # the last: one per row
+            off = torch.tensor(offset if isinstance(offset, list) else [offset])
             assert torch.equal(_C.random_draft_tokens(seeds, off, positions, 6, vocab),
                                ref.random_draft_tokens(seeds, off, positions, 6, vocab))
 

@@ -178,6 +178,46 @@ def test_batched_rows_equal_rows_alone(image_gpt, mode, coupling, draft_init):
                        generate(image_gpt, PROMPTS[2:], seed=5, **kw).tokens[0])
 
 
+@pytest.mark.parametrize("mode, temperature", [("sjd", 1.0), ("csd", 1.0), ("gsd", 1.0), ("jd", 0.0)])
+def test_max_lead_does_not_change_tokens(image_gpt, mode, temperature):
+    """Rows that pause (max_lead) keep their state and per-row offsets: tokens are identical for every max_lead."""
+
+    def run(max_lead):
+        return generate(image_gpt, PROMPTS, seed=[4, 9, 2], mode=mode, window=4, cfg_scale=2.0,
+                        temperature=temperature, max_lead=max_lead)
+
+    outs = {lead: run(lead) for lead in (0, 1, 4, None, 10**6)}
+    base = outs[10**6]
+    for lead, out in outs.items():
+        assert torch.equal(out.tokens, base.tokens), lead
+        for b in range(3):
+            assert [a[b] for a in out.accepted if a[b] > 0] == [a[b] for a in base.accepted if a[b] > 0], (lead, b)
+        torch.testing.assert_close(out.entropy_map, base.entropy_map, rtol=1e-4, atol=1e-5)
+        assert out.forward_passes == len(out.accepted) >= base.forward_passes
+    assert outs[0].forward_passes > base.forward_passes  # rows did pause
+    with pytest.raises(ValueError, match="max_lead"):
+        generate(image_gpt, PROMPTS, max_lead=-1)
+
+
+def test_max_lead_bounds_the_forward_length(image_gpt):
+    from csd_kernels.models import get_adapter
+
+    adapter = get_adapter(image_gpt)
+    lengths = []
+    forward = adapter.forward
+
+    def counting_forward(inputs, position):
+        lengths.append(inputs.shape[1])
+        return forward(inputs, position)
+
+    adapter.forward = counting_forward
+    try:
+        out = generate(adapter, PROMPTS, seed=[4, 9, 2], mode="sjd", window=3, cfg_scale=2.0, max_lead=1)
+    finally:
+        adapter.forward = forward
+    assert len(lengths) == out.forward_passes and max(lengths) <= 1 + 3
+
+
 def test_progress_bar_runs(image_gpt):
     out = generate(image_gpt, PROMPTS[:1], mode="csd", window=4, progress=True, seed=0)
     assert out.tokens.shape == (1, 20)

@@ -58,6 +58,34 @@ def test_per_row_seeds_do_not_depend_on_the_row_index():
     alone = R.step_uniforms(seeds[2:], offset, positions[2:], 5)
     assert torch.equal(batched[0][2], alone[0][0]) and torch.equal(batched[1][2], alone[1][0])
     assert torch.equal(R.random_draft_tokens(seeds, offset, positions, 5, 100)[2], R.random_draft_tokens(seeds[2:], offset, positions[2:], 5, 100)[0])
+
+
+def test_per_row_offsets_equal_each_row_alone():
+    seeds = torch.tensor([11, 22, 33], dtype=torch.int64)
+    positions = torch.tensor([4, 0, 9], dtype=torch.int64)
+    offsets = torch.tensor([0, 5, (3 << 32) + 2], dtype=torch.int64)
+    batched = R.step_uniforms(seeds, offsets, positions, 5)
+    drafts = R.random_draft_tokens(seeds, offsets, positions, 5, 100)
+    for b in range(3):
+        alone = R.step_uniforms(seeds[b : b + 1], offsets[b : b + 1], positions[b : b + 1], 5)
+        assert torch.equal(batched[0][b], alone[0][0]) and torch.equal(batched[1][b], alone[1][0])
+        assert torch.equal(drafts[b], R.random_draft_tokens(seeds[b : b + 1], offsets[b : b + 1], positions[b : b + 1], 5, 100)[0])
+    # a shared offset is the same as that offset repeated per row
+    shared = R.step_uniforms(seeds, offsets[1:2], positions, 5)
+    assert torch.equal(shared[0], R.step_uniforms(seeds, offsets[1:2].expand(3).clone(), positions, 5)[0])
+    # the whole verification step: row b with per-row offsets equals row b alone with its offset
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 20, generator=gen)
+    draft = torch.randint(0, 20, (3, 5), generator=gen)
+    q = torch.softmax(torch.randn(3, 5, 20, generator=gen), -1)
+    start = torch.tensor([0, 1, 2])
+    kw = dict(mode="csd", next_drafts="maximal")
+    out = R.verify(logits, draft, q, start=start, positions=positions, seed=seeds, offset=offsets, **kw)
+    for b in range(3):
+        sl = slice(b, b + 1)
+        one = R.verify(logits[sl], draft[sl], q[sl], start=start[sl], positions=positions[sl], seed=seeds[sl],
+                       offset=offsets[sl], **kw)
+        assert torch.equal(out.tokens[b], one.tokens[0]) and out.accept_len[b] == one.accept_len[0]
     assert torch.equal(R.gumbel_uniforms(seeds, positions, 5, 8)[2], R.gumbel_uniforms(seeds[2:], positions[2:], 5, 8)[0])
 
 

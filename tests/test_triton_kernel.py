@@ -47,13 +47,13 @@ def _philox_kernel(c_ptr, k_ptr, out_ptr, N, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _streams_kernel(seed_ptr, seed_stride, positions_ptr, offset_ptr, ua_ptr, us_ptr, g_ptr, L, V,
+def _streams_kernel(seed_ptr, seed_stride, positions_ptr, offset_ptr, offset_stride, ua_ptr, us_ptr, g_ptr, L, V,
                     PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr):
     """The same helpers the verification kernels call, writing the uniforms out."""
     pid = tl.program_id(0).to(tl.int64)
     b = pid // L
     i = pid % L
-    pos, row_id, k0, k1, u_acc, u_smp = tv._position_rng(seed_ptr, seed_stride, positions_ptr, 1, offset_ptr, b, i,
+    pos, row_id, k0, k1, u_acc, u_smp = tv._position_rng(seed_ptr, seed_stride, positions_ptr, 1, offset_ptr + b * offset_stride, b, i,
                                                          PER_ROW_SEED)
     tl.store(ua_ptr + pid, u_acc)
     tl.store(us_ptr + pid, u_smp)
@@ -86,11 +86,13 @@ def test_philox_words_bit_identical():
         ([2**32 + 3], 2**40 + 17, [2**32 - 2, 2**32 - 1, 0], 5, 9),  # seed >= 2^32, large offset, pos wrap
         ([1, 2**33 + 5, 2**63 - 1, -1, -2**63], 2**63 - 1, [2**32 - 3, 123456789, 2**40 + 2, 7, 9], 5, 10),  # per-row seeds, seeds >= 2^63 as int64
         ([0], 12345678901, [3], 1, 1),
+        ([1, 2, 3], [0, 2**40 + 17, 5], [4, 0, 2**32 - 1], 5, 9),  # per-row offsets
+        ([9], [2**63 - 1, 0, 2**32], [0, 1, 2], 3, 4),  # per-row offsets with a shared seed
     ],
 )
 def test_stream_uniforms_bit_identical(seed, offset, positions, length, vocab):
     seed = torch.tensor(seed, dtype=torch.int64)
-    offset = torch.tensor([offset], dtype=torch.int64)
+    offset = torch.tensor(offset if isinstance(offset, list) else [offset], dtype=torch.int64)
     positions = torch.tensor(positions, dtype=torch.int64)
     batch = positions.numel()
     ua = torch.empty((batch, length), dtype=torch.float32, device=DEVICE)
@@ -98,7 +100,7 @@ def test_stream_uniforms_bit_identical(seed, offset, positions, length, vocab):
     g = torch.empty((batch, length, vocab), dtype=torch.float32, device=DEVICE)
     per_row = seed.numel() != 1
     _streams_kernel[(batch * length,)](seed.to(DEVICE), 1 if per_row else 0, positions.to(DEVICE), offset.to(DEVICE),
-                                       ua, us, g, length, vocab, PER_ROW_SEED=per_row, BLOCK_V=8)
+                                       1 if offset.numel() != 1 else 0, ua, us, g, length, vocab, PER_ROW_SEED=per_row, BLOCK_V=8)
     ea, es = ref.step_uniforms(seed, offset, positions, length)
     eg = ref.gumbel_uniforms(seed, positions, length, vocab)
     bits = lambda t: t.cpu().view(torch.int32)  # noqa: E731

@@ -194,7 +194,8 @@ CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cpu) {
                                           positions, seed, offset, target_logits.device());
   TORCH_CHECK(target_logits.device().is_cpu(), "csd_kernels.verify_rows (CPU): tensors must be on the CPU");
   VerifyOutputs out = allocate_outputs(a, return_probs, target_logits.options());
-  const at::Tensor start_c = start.contiguous(), positions_c = positions.contiguous(), seed_c = seed.contiguous();
+  const at::Tensor start_c = start.contiguous(), positions_c = positions.contiguous(), seed_c = seed.contiguous(),
+                   offset_c = offset.contiguous();
   at::Tensor flags = at::empty({a.B, a.L}, target_logits.options().dtype(at::kInt));
   at::Tensor resampled = at::empty({a.B, a.L}, target_logits.options().dtype(at::kLong));
 
@@ -220,7 +221,8 @@ CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cpu) {
   P.positions = positions_c.data_ptr<int64_t>();
   P.seed = seed_c.data_ptr<int64_t>();
   P.n_seed = seed_c.numel();
-  P.offset = offset.reshape(-1)[0].item<int64_t>();
+  P.offset = offset_c.data_ptr<int64_t>();
+  P.n_offset = offset_c.numel();
   P.probs = return_probs ? out.probs.data_ptr<float>() : nullptr;
   P.entropy = out.entropy.data_ptr<float>();
   P.tvd = out.tvd.data_ptr<float>();

@@ -25,7 +25,8 @@ struct Problem {
   const int64_t* positions;  // [B] contiguous
   const int64_t* seed;       // [n_seed]
   int64_t n_seed;
-  int64_t offset;
+  const int64_t* offset;     // [n_offset]
+  int64_t n_offset;          // 1 (shared) or B (per row: row b uses offset[b])
   float* probs;  // [B, L, V] or nullptr
   float *entropy, *tvd, *accept_prob, *distortion;  // [B, L]
   uint32_t* flags;                                  // [B, L] workspace

@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(CsdVerifyLaun
   const RowKey key = row_key(a.seed[shared_seed ? 0 : b], shared_seed, b);
   const uint32_t pos = absolute_position(a.positions[b], i);
   float u_accept, u_sample;
-  step_uniforms(key, pos, a.offset[0], &u_accept, &u_sample);
+  step_uniforms(key, pos, a.offset[a.n_offset == 1 ? 0 : b], &u_accept, &u_sample);
 
   // 1. max and finiteness
   float m = -f_inf();

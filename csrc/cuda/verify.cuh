@@ -24,7 +24,8 @@ struct CsdVerifyLaunch {
   const int64_t* positions;  // [B]
   const int64_t* seed;       // [n_seed] (device)
   int64_t n_seed;            // 1 (shared) or B (per row)
-  const int64_t* offset;     // [1] (device)
+  const int64_t* offset;     // [n_offset] (device)
+  int64_t n_offset;          // 1 (shared) or B (per row: row b uses offset[b])
   float* probs;              // [B, L, V] or nullptr
   float *entropy, *tvd, *accept_prob, *distortion;  // [B, L]
   uint32_t* flags;                                  // [B, L] workspace

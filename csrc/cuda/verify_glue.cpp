@@ -44,6 +44,7 @@ CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cuda) {
   L.seed = seed_c.data_ptr<int64_t>();
   L.n_seed = seed_c.numel();
   L.offset = offset_c.data_ptr<int64_t>();
+  L.n_offset = offset_c.numel();
   L.probs = return_probs ? out.probs.data_ptr<float>() : nullptr;
   L.entropy = out.entropy.data_ptr<float>();
   L.tvd = out.tvd.data_ptr<float>();
