@@ -110,3 +110,12 @@ def build_tiny_llama(vocab_size: int, seed: int = 0, init: float = 0.3, dtype=to
 def tiny_llama():
     """LlamaForCausalLM over 16 image codes (ids 0..15), class tokens 16..22, null class 23 (float64: exact-ish)."""
     return build_tiny_llama(24, seed=0, init=0.5, dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for the module's tests (tiny models: with the cores shared, a second thread only waits)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

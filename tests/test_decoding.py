@@ -11,15 +11,8 @@ from conftest import build_tiny_llama
 from csd_kernels.decoding import COUPLINGS, MODES, generate
 from csd_kernels.models import ImageGPT
 
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny matmuls: thread hand-off costs more than the work on a shared 2-core machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# tiny matmuls: thread hand-off costs more than the work on a shared 2-core machine
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 PROMPTS = torch.tensor([[16], [17], [18]])  # three different class tokens of tiny_llama
