@@ -53,6 +53,7 @@ import torch
 from . import reference as R
 from .grouped import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK, grouped_verify
 from .models import get_adapter
+from .ops import verify
 
 __all__ = ["MODES", "COUPLINGS", "DEFAULT_COUPLING", "GenerateOutput", "generate"]
 
@@ -128,23 +129,6 @@ def _check_args(input_ids, mode, window, temperature, top_k, draft_init, couplin
         raise ValueError(f"coupling={coupling!r} applies to sjd and csd only (mode={mode!r} draws next drafts independently)")
 
 
-def _verify_fn():
-    """csd_kernels.verify when the package provides it, else the reference with the same semantics."""
-    import csd_kernels
-
-    fn = getattr(csd_kernels, "verify", None)
-    if fn is not None:
-        return fn
-
-    def reference_verify(target_logits, draft_tokens, draft_probs=None, *, start, positions, seed, offset,
-                         backend=None, validate=True, **kwargs):
-        return R.verify(target_logits, draft_tokens, draft_probs, start=start, positions=positions,
-                        seed=torch.as_tensor(seed, dtype=torch.int64).reshape(-1),
-                        offset=torch.as_tensor(offset, dtype=torch.int64).reshape(-1), **kwargs)
-
-    return reference_verify
-
-
 # ------------------------------------------------------------------------------------------------------------------
 # the loop
 # ------------------------------------------------------------------------------------------------------------------
@@ -196,7 +180,6 @@ def generate(
     lead = DEFAULT_MAX_LEAD_FACTOR * window if max_lead is None else max_lead
     device = adapter.device
     seeds = _row_seeds(seed, batch).to(device)  # [B]
-    verify = _verify_fn()
     next_drafts = COUPLINGS[coupling or ("none" if mode in ("ar", "jd", "gsd") else DEFAULT_COUPLING)]
     need_q = temperature > 0 and mode in ("sjd", "csd", "gsd")
     sync = (lambda: torch.cuda.synchronize(device)) if (sync_timings and device.type == "cuda") else (lambda: None)
