@@ -135,6 +135,66 @@ inline VerifyOutputs allocate_outputs(const CheckedArgs& a, bool return_probs, c
   return o;
 }
 
+// Everything a kernel call needs, ready: the outputs, contiguous copies of the [B] inputs, the [B, L] workspaces
+// (tensors, so the raw pointers in `problem` stay valid as long as this object lives) and the raw description.
+struct PreparedCall {
+  VerifyOutputs out;
+  at::Tensor start, positions, seed, offset, flags, resampled;
+  VerifyProblem problem;
+};
+
+inline PreparedCall prepare_call(const CheckedArgs& a, const at::Tensor& target_logits,
+                                 const at::Tensor& draft_tokens, const std::optional<at::Tensor>& draft_probs,
+                                 const std::optional<at::Tensor>& uncond_logits, const at::Tensor& start,
+                                 const at::Tensor& positions, const at::Tensor& seed, const at::Tensor& offset,
+                                 bool return_probs) {
+  const at::TensorOptions base = target_logits.options();
+  PreparedCall c;
+  c.out = allocate_outputs(a, return_probs, base);
+  c.start = start.contiguous();
+  c.positions = positions.contiguous();
+  c.seed = seed.contiguous();
+  c.offset = offset.contiguous();
+  c.flags = at::empty({a.B, a.L}, base.dtype(at::kInt));
+  c.resampled = at::empty({a.B, a.L}, base.dtype(at::kLong));
+
+  VerifyProblem& P = c.problem;
+  P.B = a.B;
+  P.L = a.L;
+  P.prm = a.prm;
+  P.logit_dtype = a.logit_dtype;
+  P.logits = target_logits.data_ptr();
+  P.lg_sB = target_logits.stride(0);
+  P.lg_sL = target_logits.stride(1);
+  P.uncond = uncond_logits.has_value() ? uncond_logits->data_ptr() : nullptr;
+  P.un_sB = uncond_logits.has_value() ? uncond_logits->stride(0) : 0;
+  P.un_sL = uncond_logits.has_value() ? uncond_logits->stride(1) : 0;
+  P.draft_probs = draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr;
+  P.q_sB = draft_probs.has_value() ? draft_probs->stride(0) : 0;
+  P.q_sL = draft_probs.has_value() ? draft_probs->stride(1) : 0;
+  P.q_sV = a.q_sV;
+  P.draft_tokens = draft_tokens.data_ptr<int64_t>();
+  P.dt_sB = draft_tokens.stride(0);
+  P.dt_sL = draft_tokens.stride(1);
+  P.start = c.start.data_ptr<int64_t>();
+  P.positions = c.positions.data_ptr<int64_t>();
+  P.seed = c.seed.data_ptr<int64_t>();
+  P.n_seed = c.seed.numel();
+  P.offset = c.offset.data_ptr<int64_t>();
+  P.n_offset = c.offset.numel();
+  P.probs = return_probs ? c.out.probs.data_ptr<float>() : nullptr;
+  P.entropy = c.out.entropy.data_ptr<float>();
+  P.tvd = c.out.tvd.data_ptr<float>();
+  P.accept_prob = c.out.accept_prob.data_ptr<float>();
+  P.distortion = c.out.distortion.data_ptr<float>();
+  P.flags = reinterpret_cast<uint32_t*>(c.flags.data_ptr<int32_t>());
+  P.resampled = c.resampled.data_ptr<int64_t>();
+  P.tokens = c.out.tokens.data_ptr<int64_t>();
+  P.accept_len = c.out.accept_len.data_ptr<int32_t>();
+  P.status = c.out.status.data_ptr<int32_t>();
+  return c;
+}
+
 }  // namespace csd
 
 namespace csd {

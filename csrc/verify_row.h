@@ -217,4 +217,32 @@ CSD_HD void row_epilogue(int64_t length, int64_t vocab, int64_t start, const int
   *status = st;
 }
 
+// One verification call described by raw pointers and strides: what the torch glue (verify_glue.h) hands to the
+// CPU kernel and to the CUDA launcher alike. [B, L] outputs and workspaces are contiguous.
+struct VerifyProblem {
+  int64_t B, L;
+  VerifyParams prm;     // vocab, cfg, temperature, top_k, mode, lambda, tau, next_drafts
+  int logit_dtype;      // LogitDtype
+  const void* logits;   // [B, L, V], last-dim stride 1
+  int64_t lg_sB, lg_sL;
+  const void* uncond;   // nullptr when no CFG; same dtype/shape as logits
+  int64_t un_sB, un_sL;
+  const float* draft_probs;  // nullptr: one-hot q
+  int64_t q_sB, q_sL, q_sV;  // q_sV in {0, 1}
+  const int64_t* draft_tokens;
+  int64_t dt_sB, dt_sL;
+  const int64_t* start;      // [B]
+  const int64_t* positions;  // [B]
+  const int64_t* seed;       // [n_seed] (on the tensors' device)
+  int64_t n_seed;            // 1 (shared) or B (per row)
+  const int64_t* offset;     // [n_offset] (on the tensors' device)
+  int64_t n_offset;          // 1 (shared) or B (per row: row b uses offset[b])
+  float* probs;              // [B, L, V] or nullptr
+  float *entropy, *tvd, *accept_prob, *distortion;  // [B, L]
+  uint32_t* flags;                                  // [B, L] workspace
+  int64_t* resampled;                               // [B, L] workspace
+  int64_t* tokens;                                  // [B, L] output
+  int32_t *accept_len, *status;                     // [B]
+};
+
 }  // namespace csd

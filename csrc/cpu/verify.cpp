@@ -114,11 +114,11 @@ Isa detect_isa() {
 }
 
 template <typename T>
-void run_typed(const Problem& P) {
+void run_typed(const Problem& P, int isa_override) {
   static const Isa detected = detect_isa();
-  Isa isa = detected;  // P.isa_override: 0 auto, 1 baseline, 2 AVX2, 3 AVX-512 (never above what the CPU has)
-  if (P.isa_override == 1) isa = Isa::kBase;
-  if (P.isa_override == 2 && detected != Isa::kBase) isa = Isa::kAvx2;
+  Isa isa = detected;  // isa_override: 0 auto, 1 baseline, 2 AVX2 (never above what the CPU has)
+  if (isa_override == 1) isa = Isa::kBase;
+  if (isa_override == 2 && detected != Isa::kBase) isa = Isa::kAvx2;
   at::parallel_for(0, P.B * P.L, 1, [&](int64_t begin, int64_t end) {
 #if CSD_CPU_X86
     if (isa == Isa::kAvx512) return isa_avx512::process_range<T>(P, begin, end);
@@ -133,27 +133,27 @@ void run_typed(const Problem& P) {
 
 int detect_isa_public() { return static_cast<int>(detect_isa()); }
 
-void verify_rows_cpu_impl(const Problem& P) {
+void verify_rows_cpu_impl(const Problem& P, int isa_override) {
   if (P.B == 0 || P.L == 0) {
     for (int64_t b = 0; b < P.B; ++b) P.accept_len[b] = 0, P.status[b] = 0;
     return;
   }
   switch (P.logit_dtype) {
     case kLogitF32:
-      run_typed<float>(P);
+      run_typed<float>(P, isa_override);
       break;
     case kLogitF16:
-      run_typed<f16_bits>(P);
+      run_typed<f16_bits>(P, isa_override);
       break;
     case kLogitBF16:
-      run_typed<bf16_bits>(P);
+      run_typed<bf16_bits>(P, isa_override);
       break;
     default:
       TORCH_CHECK(false, "csd_kernels.verify_rows: unsupported logit dtype");
   }
   for (int64_t b = 0; b < P.B; ++b) {
     row_epilogue(P.L, P.prm.vocab, P.start[b], P.draft_tokens + b * P.dt_sB, P.dt_sL, P.flags + b * P.L,
-                 P.resampled + b * P.L, P.later + b * P.L, P.accept_len + b, P.status + b);
+                 P.resampled + b * P.L, P.tokens + b * P.L, P.accept_len + b, P.status + b);
   }
 }
 
@@ -193,49 +193,10 @@ CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cpu) {
                                           temperature, top_k, mode, entropy_coef, tvd_threshold, start, next_drafts,
                                           positions, seed, offset, target_logits.device());
   TORCH_CHECK(target_logits.device().is_cpu(), "csd_kernels.verify_rows (CPU): tensors must be on the CPU");
-  VerifyOutputs out = allocate_outputs(a, return_probs, target_logits.options());
-  const at::Tensor start_c = start.contiguous(), positions_c = positions.contiguous(), seed_c = seed.contiguous(),
-                   offset_c = offset.contiguous();
-  at::Tensor flags = at::empty({a.B, a.L}, target_logits.options().dtype(at::kInt));
-  at::Tensor resampled = at::empty({a.B, a.L}, target_logits.options().dtype(at::kLong));
-
-  cpu::Problem P;
-  P.B = a.B;
-  P.L = a.L;
-  P.prm = a.prm;
-  P.logit_dtype = a.logit_dtype;
-  P.logits = target_logits.data_ptr();
-  P.lg_sB = target_logits.stride(0);
-  P.lg_sL = target_logits.stride(1);
-  P.uncond = uncond_logits.has_value() ? uncond_logits->data_ptr() : nullptr;
-  P.un_sB = uncond_logits.has_value() ? uncond_logits->stride(0) : 0;
-  P.un_sL = uncond_logits.has_value() ? uncond_logits->stride(1) : 0;
-  P.draft_probs = draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr;
-  P.q_sB = draft_probs.has_value() ? draft_probs->stride(0) : 0;
-  P.q_sL = draft_probs.has_value() ? draft_probs->stride(1) : 0;
-  P.q_sV = a.q_sV;
-  P.draft_tokens = draft_tokens.data_ptr<int64_t>();
-  P.dt_sB = draft_tokens.stride(0);
-  P.dt_sL = draft_tokens.stride(1);
-  P.start = start_c.data_ptr<int64_t>();
-  P.positions = positions_c.data_ptr<int64_t>();
-  P.seed = seed_c.data_ptr<int64_t>();
-  P.n_seed = seed_c.numel();
-  P.offset = offset_c.data_ptr<int64_t>();
-  P.n_offset = offset_c.numel();
-  P.probs = return_probs ? out.probs.data_ptr<float>() : nullptr;
-  P.entropy = out.entropy.data_ptr<float>();
-  P.tvd = out.tvd.data_ptr<float>();
-  P.accept_prob = out.accept_prob.data_ptr<float>();
-  P.distortion = out.distortion.data_ptr<float>();
-  P.flags = reinterpret_cast<uint32_t*>(flags.data_ptr<int32_t>());
-  P.resampled = resampled.data_ptr<int64_t>();
-  P.later = out.tokens.data_ptr<int64_t>();
-  P.accept_len = out.accept_len.data_ptr<int32_t>();
-  P.status = out.status.data_ptr<int32_t>();
-  P.isa_override = g_isa_override.load();
-  cpu::verify_rows_cpu_impl(P);
-  return out.as_tuple();
+  const PreparedCall call = prepare_call(a, target_logits, draft_tokens, draft_probs, uncond_logits, start, positions,
+                                         seed, offset, return_probs);
+  cpu::verify_rows_cpu_impl(call.problem, g_isa_override.load());
+  return call.out.as_tuple();
 }
 
 }  // namespace csd

@@ -236,7 +236,7 @@ __device__ int64_t block_inverse_cdf(W w, int64_t V, float u, SharedState& sh) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) verify_position_kernel(CsdVerifyLaunch a) {
+__global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyProblem a) {
   __shared__ SharedState sh;
   const int64_t item = blockIdx.x;
   const int64_t b = item / a.L, i = item % a.L;
@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(CsdVerifyLaun
   }
 }
 
-__global__ void row_epilogue_kernel(CsdVerifyLaunch a) {
+__global__ void row_epilogue_kernel(csd::VerifyProblem a) {
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= a.B) return;
   row_epilogue(a.L, a.prm.vocab, a.start[b], a.draft_tokens + b * a.dt_sB, a.dt_sL, a.flags + b * a.L,
@@ -426,9 +426,9 @@ __global__ void row_epilogue_kernel(CsdVerifyLaunch a) {
 }  // namespace cuda
 }  // namespace csd
 
-extern "C" int csd_verify_rows_launch(const CsdVerifyLaunch* args, cudaStream_t stream) {
+extern "C" int csd_verify_rows_launch(const csd::VerifyProblem* args, cudaStream_t stream) {
   using namespace csd::cuda;
-  const CsdVerifyLaunch& a = *args;
+  const csd::VerifyProblem& a = *args;
   if (a.B == 0) return cudaSuccess;
   if (a.L > 0) {
     const int64_t items = a.B * a.L;
