@@ -1,22 +1,50 @@
 #!/usr/bin/env bash
-# The one GPU check, for whoever has an NVIDIA GPU (< 5 minutes on an H200): build the extension with CUDA against
-# the machine's own torch, run the GPU tests and the CPU/GPU agreement tests, then the verify benchmark on the GPU.
-# Usage: bash benchmarks/gpu_check.sh [OUT_DIR]      (results land in OUT_DIR, default benchmarks/results/gpu)
-set -euo pipefail
+# The one GPU check, for whoever has an NVIDIA GPU (about 5 minutes on an H200). Stages, each time-boxed; a failing
+# stage is reported and the next one still runs:
+#   build      the extension with CUDA (sm_90) against the machine's own torch
+#   tests      tests/test_gpu.py (reference agreement, CPU/GPU agreement, no host sync, CUDA graph replay)
+#   agreement  token agreement Triton vs CUDA vs C++ CPU over 2^20 positions (benchmarks/gpu_agreement.py)
+#   timing     CUDA-graph device time per call against read-once and the HBM floor (benchmarks/gpu_timing.py)
+#   bench      the verify benchmark (benchmarks/bench_verify.py: wall time, vs the authors' loop)
+#   sanitize   compute-sanitizer memcheck / racecheck / synccheck over benchmarks/gpu_sanitize.py
+# Usage: bash benchmarks/gpu_check.sh [OUT_DIR] [STAGE ...]   (default: every stage; results land in OUT_DIR,
+# default benchmarks/results/gpu)
+set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-benchmarks/results/gpu}"
+shift || true
+stages="${*:-build tests agreement timing bench sanitize}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python3 - <<'EOF'
-import torch, triton
-print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__, torch.cuda.get_device_name())
-EOF
-echo "== build csd_kernels._C with CUDA (sm_90)"
-start=$(date +%s)
-CSD_KERNELS_CUDA=1 CSD_KERNELS_CUDA_ARCH="9.0" MAX_JOBS=16 python3 setup.py -q build_ext --inplace 2>&1 | tail -n 20
-echo "build took $(( $(date +%s) - start )) s"
+failed=()
+
+run_stage() {  # name limit_s command...
+    local name=$1 limit=$2 begin rc
+    shift 2
+    [[ " $stages " == *" $name "* ]] || return 0
+    echo "== $name"
+    begin=$(date +%s)
+    timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"
+    rc=${PIPESTATUS[0]}
+    echo "== $name: exit $rc after $(( $(date +%s) - begin )) s"
+    [ "$rc" -eq 0 ] || failed+=("$name")
+}
+
+sanitize() {
+    local tool
+    for tool in memcheck racecheck synccheck; do
+        echo "-- compute-sanitizer --tool $tool"
+        compute-sanitizer --tool "$tool" --error-exitcode 3 python3 benchmarks/gpu_sanitize.py | tail -n 6 || return 1
+    done
+}
+
+python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())"
+run_stage build 300 env CSD_KERNELS_CUDA=1 CSD_KERNELS_CUDA_ARCH="9.0" MAX_JOBS=16 python3 setup.py -q build_ext --inplace
 python3 -c "import csd_kernels as ck; print('backends on cuda:', ck.available_backends('cuda'))"
-echo "== GPU tests"
-python3 -m pytest -q -x tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$out/tests.log"
-echo "== benchmark"
-python3 benchmarks/bench_verify.py --device cuda --out "$out" --repeats 50 2>&1 | tee "$out/bench.log"
+run_stage tests 300 python3 -m pytest -q tests/test_gpu.py -p no:cacheprovider
+run_stage agreement 180 python3 benchmarks/gpu_agreement.py --cpu --out "$out"
+run_stage timing 180 python3 benchmarks/gpu_timing.py --out "$out"
+run_stage bench 180 python3 benchmarks/bench_verify.py --device cuda --out "$out" --repeats 50
+run_stage sanitize 300 sanitize
+echo "failed stages: ${failed[*]:-none}"
+[ ${#failed[@]} -eq 0 ]

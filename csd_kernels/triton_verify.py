@@ -585,7 +585,7 @@ def _fp32(value: float) -> float:
         return float("inf") if value > 0 else float("-inf")
 
 
-def _num_warps(block: int) -> int:
+def num_warps(block: int) -> int:
     # From `ptxas -v` for sm_90a on the heaviest variant (CFG + q + top-k + csd + gumbel): no spills up to 4096
     # (<= 111 registers), 8 B of spill at 8192 and 128 B at 16384 (128 registers, 16 warps).
     if block <= 1024:
@@ -593,6 +593,13 @@ def _num_warps(block: int) -> int:
     if block <= 2048:
         return 8
     return 16
+
+
+def pick_kernel(vocab: int):
+    """(position kernel, BLOCK_V) the launcher uses for a vocabulary of ``vocab`` tokens."""
+    if triton.next_power_of_2(vocab) <= REGISTER_MAX_BLOCK:
+        return _position_kernel, max(16, triton.next_power_of_2(vocab))
+    return _position_chunked_kernel, CHUNK_V
 
 
 def verify_triton(
@@ -655,12 +662,7 @@ def verify_triton(
     positions = positions.reshape(-1)
     start = start.reshape(-1)
 
-    if triton.next_power_of_2(V) <= REGISTER_MAX_BLOCK:
-        kernel = _position_kernel
-        block = max(16, triton.next_power_of_2(V))
-    else:
-        kernel = _position_chunked_kernel
-        block = CHUNK_V
+    kernel, block = pick_kernel(V)
     kernel[(B * L,)](
         target_logits, target_logits.stride(0), target_logits.stride(1),
         unc, unc.stride(0), unc.stride(1),
@@ -674,7 +676,7 @@ def verify_triton(
         HAS_UNCOND=has_uncond, HAS_Q=has_q, GREEDY=greedy, TOP_K=use_top_k,
         MODE_CSD=int(mode) == 1, NEXT_DRAFTS=int(next_drafts), RETURN_PROBS=bool(return_probs),
         PER_ROW_SEED=per_row_seed, BLOCK_V=block,
-        num_warps=_num_warps(block), enable_fp_fusion=False,
+        num_warps=num_warps(block), enable_fp_fusion=False,
     )
     _finalize_kernel[(B,)](
         draft_tokens, draft_tokens.stride(0), draft_tokens.stride(1), res, later, flags,
