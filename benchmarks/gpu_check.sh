@@ -3,7 +3,7 @@
 # stage is reported and the next one still runs:
 #   build      the extension with CUDA (sm_90) against the machine's own torch
 #   tests      tests/test_gpu.py (reference agreement, CPU/GPU agreement, no host sync, CUDA graph replay)
-#   agreement  token agreement Triton vs CUDA vs C++ CPU over 2^20 positions (benchmarks/gpu_agreement.py)
+#   agreement  token agreement Triton vs CUDA vs C++ CPU over 2^20 positions at V=4096, Triton vs CUDA at V=16384
 #   timing     CUDA-graph device time per call against read-once and the HBM floor (benchmarks/gpu_timing.py)
 #   bench      the verify benchmark (benchmarks/bench_verify.py: wall time, vs the authors' loop)
 #   sanitize   compute-sanitizer memcheck / racecheck / synccheck over benchmarks/gpu_sanitize.py
@@ -18,13 +18,13 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 failed=()
 
-run_stage() {  # name limit_s command...
+run_stage() {  # name limit_s command...   (command may be a function of this script)
     local name=$1 limit=$2 begin rc
     shift 2
     [[ " $stages " == *" $name "* ]] || return 0
     echo "== $name"
     begin=$(date +%s)
-    timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"
+    if declare -F "$1" >/dev/null; then "$@"; else timeout "$limit" "$@"; fi 2>&1 | tee "$out/$name.log"
     rc=${PIPESTATUS[0]}
     echo "== $name: exit $rc after $(( $(date +%s) - begin )) s"
     [ "$rc" -eq 0 ] || failed+=("$name")
@@ -32,17 +32,28 @@ run_stage() {  # name limit_s command...
 
 sanitize() {
     local tool
-    for tool in memcheck racecheck synccheck; do
+    for tool in ${SANITIZERS:-memcheck racecheck synccheck}; do
         echo "-- compute-sanitizer --tool $tool"
-        compute-sanitizer --tool "$tool" --error-exitcode 3 python3 benchmarks/gpu_sanitize.py | tail -n 6 || return 1
+        timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 3 python3 benchmarks/gpu_sanitize.py | tail -n 12 \
+            || return 1
     done
+}
+
+gpu_tests() {  # per-test time limit when pytest-timeout is installed
+    local limit=()
+    python3 -c "import pytest_timeout" 2>/dev/null && limit=(--timeout 40)
+    timeout 280 python3 -m pytest -q -rfE --tb=short --durations=12 "${limit[@]}" tests/test_gpu.py -p no:cacheprovider
+}
+
+agreement() {
+    python3 benchmarks/gpu_agreement.py --cpu --out "$out" && python3 benchmarks/gpu_agreement.py --vocab 16384 --out "$out"
 }
 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())"
 run_stage build 300 env CSD_KERNELS_CUDA=1 CSD_KERNELS_CUDA_ARCH="9.0" MAX_JOBS=16 python3 setup.py -q build_ext --inplace
 python3 -c "import csd_kernels as ck; print('backends on cuda:', ck.available_backends('cuda'))"
-run_stage tests 300 python3 -m pytest -q tests/test_gpu.py -p no:cacheprovider
-run_stage agreement 180 python3 benchmarks/gpu_agreement.py --cpu --out "$out"
+run_stage tests 300 gpu_tests
+run_stage agreement 180 agreement
 run_stage timing 180 python3 benchmarks/gpu_timing.py --out "$out"
 run_stage bench 180 python3 benchmarks/bench_verify.py --device cuda --out "$out" --repeats 50
 run_stage sanitize 300 sanitize

@@ -163,7 +163,8 @@ def _philox_word(name: str, value: SeedLike, device: torch.device, *, allow_per_
         if not 0 <= value < limit:
             raise ValueError(f"{name} must lie in [0, {limit}), got {value}")
         signed = value - (1 << 64) if value >= (1 << 63) else value
-        return torch.tensor([signed], dtype=torch.int64, device=device)
+        # A fill kernel, not a host-to-device copy: no sync, and capturable in a CUDA graph (the int is baked in).
+        return torch.full((1,), signed, dtype=torch.int64, device=device)
     sizes = (1, allow_per_row) if allow_per_row else (1,)
     if value.dtype != torch.int64 or value.numel() not in sizes or value.dim() > 1:
         raise ValueError(f"{name} must be an int64 tensor with {' or '.join(map(str, sizes))} element(s), got {value.dtype} {tuple(value.shape)}")

@@ -115,7 +115,9 @@ def philox4x32(c0, c1, c2, c3, k0, k1) -> tuple[torch.Tensor, torch.Tensor, torc
 
     Shape: every argument broadcasts to a common shape, which the four outputs have.
     """
-    c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(*[torch.as_tensor(t, dtype=torch.int64) for t in (c0, c1, c2, c3, k0, k1)])
+    words = (c0, c1, c2, c3, k0, k1)
+    device = next((t.device for t in words if isinstance(t, torch.Tensor)), None)  # Python ints join the tensors' device
+    c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(*[torch.as_tensor(t, dtype=torch.int64, device=device) for t in words])
     c0, c1, c2, c3 = (c & _MASK32 for c in (c0, c1, c2, c3))
     k0, k1 = k0 & _MASK32, k1 & _MASK32
     for _ in range(PHILOX_ROUNDS):

@@ -669,7 +669,7 @@ def verify_triton(
         qt, *q_strides,
         draft_tokens, draft_tokens.stride(0), draft_tokens.stride(1),
         start, start.stride(0), positions, positions.stride(0),
-        seed, 1 if per_row_seed else 0, offset, 1 if offset.numel() != 1 else 0,
+        seed, seed.stride(0) if per_row_seed else 0, offset, offset.stride(0) if offset.numel() != 1 else 0,
         probs, ent, tvd, acc, dist,
         res, later, flags,
         L, V, float(cfg_scale), inv_t, int(top_k), float(entropy_coef), float(tvd_threshold),

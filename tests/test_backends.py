@@ -117,3 +117,16 @@ def test_many_random_rows_agree_across_backends(backend):
         same = (got.tokens == expected.tokens).all(-1) & (got.accept_len == expected.accept_len)
         agree += int(same.sum())
     assert agree >= 0.999 * 4 * batch
+
+
+@pytest.mark.parametrize("backend", ck.available_backends("cpu"))
+def test_strided_per_row_seed_and_offset(backend):
+    """Per-row seeds/offsets given as strided views (a column of a state table) draw the same streams as copies."""
+    logits, uncond, probs, drafts = _case(4, 6, 64, torch.float32, False, 3)
+    state = torch.tensor([[11, 0], [12, 5], [13, 2**33], [14, 9]], dtype=torch.int64)
+    kwargs = dict(uncond_logits=uncond, cfg_scale=2.0, positions=torch.tensor([0, 4, 9, 1]))
+    strided = ck.verify(logits, drafts, probs, seed=state[:, 0], offset=state[:, 1], backend=backend, **kwargs)
+    assert state[:, 1].stride(0) == 2
+    copied = ck.verify(logits, drafts, probs, seed=state[:, 0].clone(), offset=state[:, 1].clone(), backend="torch",
+                       **kwargs)
+    _assert_matches(strided, copied, torch.float32)

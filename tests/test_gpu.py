@@ -81,3 +81,20 @@ def test_no_host_sync_and_cuda_graph_replay(backend):
         eager = ck.verify(both[0::2], drafts, q, uncond_logits=both[1::2], cfg_scale=5.0, seed=5, offset=value,
                           backend=backend)
         assert torch.equal(captured.tokens, eager.tokens) and torch.equal(captured.accept_len, eager.accept_len)
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_int_seed_and_offset_need_no_host_sync(backend):
+    """Python ints reach the kernels without a host-to-device copy (no sync), with the streams of the tensors."""
+    both, q, drafts = (t.cuda() for t in _inputs(2, 8, 1000))
+    kwargs = dict(uncond_logits=both[1::2], cfg_scale=5.0, backend=backend, validate=False)
+    ck.verify(both[0::2], drafts, q, seed=5, offset=2**40, **kwargs)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = ck.verify(both[0::2], drafts, q, seed=2**64 - 1, offset=2**40, **kwargs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    seed = torch.tensor([-1], device="cuda")  # the int64 bit pattern of 2**64 - 1
+    expected = ck.verify(both[0::2], drafts, q, seed=seed, offset=torch.tensor([2**40], device="cuda"), **kwargs)
+    assert torch.equal(got.tokens, expected.tokens) and torch.equal(got.accept_len, expected.accept_len)

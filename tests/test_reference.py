@@ -241,3 +241,16 @@ def test_float64_and_float32_agree():
     assert torch.equal(out32.tokens, out64.tokens) and torch.equal(out32.accept_len, out64.accept_len)
     for name in ("entropy", "tvd", "accept_prob", "distortion"):
         assert torch.allclose(getattr(out32, name), getattr(out64, name), rtol=1e-4, atol=1e-5), name
+
+
+@pytest.mark.parametrize("next_drafts", R.NEXT_DRAFTS)
+def test_reference_creates_no_tensor_off_the_inputs_device(next_drafts):
+    """On the meta device any tensor made on the CPU (a Python int turned into a tensor) fails to combine."""
+    meta = dict(device="meta")
+    batch, length, vocab = 2, 3, 7
+    out = R.verify(torch.randn(batch, length, vocab, **meta), torch.zeros(batch, length, dtype=torch.int64, **meta),
+                   torch.rand(batch, length, vocab, **meta), uncond_logits=torch.randn(batch, length, vocab, **meta),
+                   cfg_scale=2.0, top_k=3, next_drafts=next_drafts, start=torch.zeros(batch, dtype=torch.int64, **meta),
+                   positions=torch.zeros(batch, dtype=torch.int64, **meta), seed=torch.zeros(1, dtype=torch.int64, **meta),
+                   offset=torch.zeros(1, dtype=torch.int64, **meta))
+    assert out.tokens.device.type == "meta"
