@@ -15,7 +15,7 @@ out="${1:-benchmarks/results/gpu}"
 shift || true
 stages="${*:-build tests agreement timing bench sanitize}"
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 failed=()
 
 run_stage() {  # name limit_s command...   (command may be a function of this script)

@@ -1,19 +1,22 @@
 """Shared test set-up.
 
 Triton runs on CPU only through its interpreter, which must be switched on before triton is first imported, so the
-suite sets it here: every test then sees the 'triton' backend for CPU tensors.
+suite sets it here on machines without a GPU: every test then sees the 'triton' backend for CPU tensors. With a GPU
+the kernels must be compiled (tests/test_gpu.py), so the interpreter stays off unless TRITON_INTERPRET says so.
 """
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch  # does not import triton
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Tiny random-config image generators for tests/test_decoding.py and tests/test_adapters.py (no downloads).
 # ----------------------------------------------------------------------------------------------------------------------
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 
 class ForwardCounter:

@@ -24,6 +24,12 @@ def test_a_gpu_backend_is_available():
     assert GPU_BACKENDS, f"no GPU backend can run: {ck.available_backends('cuda')}"
 
 
+def test_triton_is_compiled_not_interpreted():
+    from csd_kernels import triton_verify
+
+    assert not triton_verify._INTERPRET, "TRITON_INTERPRET=1 runs the 'triton' backend on the CPU: unset it for GPU tests"
+
+
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 @pytest.mark.parametrize("shape", [(1, 16, 16384), (16, 16, 16384), (4, 16, 8192), (3, 5, 7), (2, 3, 100_000)])
 @pytest.mark.parametrize("next_drafts", ["independent", "maximal", "gumbel"])
