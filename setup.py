@@ -58,7 +58,7 @@ def _extensions():
             os.environ["TORCH_CUDA_ARCH_LIST"] = os.environ.get("CSD_KERNELS_CUDA_ARCH", "8.0;9.0")
         ext = cpp_extension.CUDAExtension(
             "csd_kernels._C",
-            sources + ["csrc/cuda/verify.cu", "csrc/cuda/verify_glue.cpp"],
+            sources + ["csrc/cuda/verify.cu", "csrc/cuda/verify_split.cu", "csrc/cuda/verify_glue.cpp"],
             include_dirs=include_dirs,
             define_macros=[("CSD_WITH_CUDA", None)],
             extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "--fmad=false", "-std=c++17", "-lineinfo"]},

@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_agreement.py [--positions 1048576] [--vocab 4096] [--out DIR]
 
+GPU calls see --rows-per-call rows each (the split path at the default); the CPU backend verifies whole chunks.
 Inputs are Jacobi-like (q = p of slightly perturbed logits, so the CSD gate is open and a(x) is often near u), the
 hardest case for agreement. Each chunk rotates through independent / maximal / gumbel next drafts and plain / top-k
 sampling. A position disagrees when its token differs; a row disagrees when any token or accept_len differs.
@@ -35,6 +36,8 @@ def main():
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--length", type=int, default=16)
     parser.add_argument("--rows-per-chunk", type=int, default=4096)
+    parser.add_argument("--rows-per-call", type=int, default=16,
+                        help="GPU calls see this many rows (16 x L = 256 positions: the split path on an H100/H200)")
     parser.add_argument("--cpu", action="store_true", help="include the C++ CPU backend (inputs copied to the host)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -51,17 +54,24 @@ def main():
     begin = time.time()
     for c in range(chunks):
         cond, uncond, q, drafts = make_chunk(args.rows_per_chunk, length, vocab, seed=c)
-        kwargs = dict(uncond_logits=uncond, cfg_scale=5.0, mode="csd", seed=1000 + c, offset=c,
-                      return_probs=False, **variants[c % len(variants)])
+        # one seed per row: a row's streams do not depend on which call (or batch position) verifies it
+        seeds = torch.arange(args.rows_per_chunk, device="cuda") + 1_000_000 * c
+        kwargs = dict(cfg_scale=5.0, mode="csd", offset=c, return_probs=False, **variants[c % len(variants)])
         out = {}
         for name in backends:
             if name == "cpu":
-                host = [t.cpu() for t in (cond, drafts, q, uncond)]
-                kw = dict(kwargs, uncond_logits=host[3])
-                r = ck.verify(host[0], host[1], host[2], backend="cpu", **kw)
-            else:
-                r = ck.verify(cond, drafts, q, backend=name, **kwargs)
-            out[name] = (r.tokens.cpu(), r.accept_len.cpu())
+                host = [t.cpu() for t in (cond, drafts, q, uncond, seeds)]
+                r = ck.verify(host[0], host[1], host[2], uncond_logits=host[3], seed=host[4], backend="cpu", **kwargs)
+                out[name] = (r.tokens, r.accept_len)
+                continue
+            tokens, accept_len = [], []
+            for r0 in range(0, args.rows_per_chunk, args.rows_per_call):
+                rows_ = slice(r0, r0 + args.rows_per_call)
+                r = ck.verify(cond[rows_], drafts[rows_], q[rows_], uncond_logits=uncond[rows_], seed=seeds[rows_],
+                              backend=name, validate=False, **kwargs)
+                tokens.append(r.tokens)
+                accept_len.append(r.accept_len)
+            out[name] = (torch.cat(tokens).cpu(), torch.cat(accept_len).cpu())
         for a, b in pairs:
             ta, la = out[a]
             tb, lb = out[b]

@@ -32,21 +32,22 @@ run_stage() {  # name limit_s command...   (command may be a function of this sc
 
 sanitize() {
     local tool
-    for tool in ${SANITIZERS:-memcheck racecheck synccheck}; do
+    for tool in ${SANITIZERS:-memcheck racecheck synccheck}; do  # SANITIZERS / SANITIZE_ARGS=--quick: a subset
         echo "-- compute-sanitizer --tool $tool"
-        timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 3 python3 benchmarks/gpu_sanitize.py | tail -n 12 \
+        timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 3 python3 benchmarks/gpu_sanitize.py $SANITIZE_ARGS \
+            | tail -n 12 \
             || return 1
     done
 }
 
 gpu_tests() {  # per-test time limit when pytest-timeout is installed
     local limit=()
-    python3 -c "import pytest_timeout" 2>/dev/null && limit=(--timeout 40)
+    python3 -c "import pytest_timeout" 2>/dev/null && limit=(--timeout "${TEST_TIMEOUT:-60}")
     timeout 280 python3 -m pytest -q -rfE --tb=short --durations=12 "${limit[@]}" tests/test_gpu.py -p no:cacheprovider
 }
 
 agreement() {
-    python3 benchmarks/gpu_agreement.py --cpu --out "$out" && python3 benchmarks/gpu_agreement.py --vocab 16384 --out "$out"
+    python3 benchmarks/gpu_agreement.py --vocab 16384 --out "$out" && python3 benchmarks/gpu_agreement.py --cpu --out "$out"
 }
 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())"
@@ -54,7 +55,7 @@ run_stage build 300 env CSD_KERNELS_CUDA=1 CSD_KERNELS_CUDA_ARCH="9.0" MAX_JOBS=
 python3 -c "import csd_kernels as ck; print('backends on cuda:', ck.available_backends('cuda'))"
 run_stage tests 300 gpu_tests
 run_stage agreement 180 agreement
-run_stage timing 180 python3 benchmarks/gpu_timing.py --out "$out"
+run_stage timing 240 python3 benchmarks/gpu_timing.py --sweep --out "$out"
 run_stage bench 180 python3 benchmarks/bench_verify.py --device cuda --out "$out" --repeats 50
 run_stage sanitize 300 sanitize
 echo "failed stages: ${failed[*]:-none}"

@@ -10,7 +10,6 @@ compiles every variant this way (a kernel that no longer compiles for sm_90 fail
 
 from __future__ import annotations
 
-import itertools
 import re
 import subprocess
 import tempfile
@@ -24,9 +23,10 @@ _DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 @dataclass(frozen=True)
 class Variant:
-    """One specialisation of the position kernel, as the launcher picks it for (V, options)."""
+    """One specialisation, as the launcher picks it for (B·L positions, V, options)."""
 
     vocab: int
+    positions: int = 16
     has_uncond: bool = True
     has_q: bool = True
     greedy: bool = False
@@ -38,9 +38,10 @@ class Variant:
 
     @property
     def label(self) -> str:
-        parts = [f"V={self.vocab}", "cfg" if self.has_uncond else "nocfg", "q" if self.has_q else "onehot",
-                 "greedy" if self.greedy else ("topk" if self.top_k else "full"), "csd" if self.mode_csd else "strict",
-                 ("indep", "maximal", "gumbel")[self.next_drafts], "probs" if self.return_probs else "noprobs"]
+        parts = [f"B*L={self.positions}", f"V={self.vocab}", "cfg" if self.has_uncond else "nocfg",
+                 "q" if self.has_q else "onehot", "greedy" if self.greedy else ("topk" if self.top_k else "full"),
+                 "csd" if self.mode_csd else "strict", ("indep", "maximal", "gumbel")[self.next_drafts],
+                 "probs" if self.return_probs else "noprobs"]
         return " ".join(parts)
 
 
@@ -56,39 +57,50 @@ class ResourceReport:
     stack_bytes: int
 
 
-def variants(vocabs=(8192, 16384, 65536)) -> list[Variant]:
-    """The variants worth watching: the heaviest (CFG + q + top-k + csd + gumbel), the common one, greedy, one-hot."""
+def variants(vocabs=(8192, 16384, 65536), positions=(16, 1024)) -> list[Variant]:
+    """The variants worth watching: the heaviest (CFG + q + top-k + csd + gumbel), the common one, greedy, one-hot,
+    at a small batch (the split path) and a large one (the register path)."""
     out = []
     for vocab in vocabs:
-        out.append(Variant(vocab, top_k=True, next_drafts=2))
-        out.append(Variant(vocab))
-        out.append(Variant(vocab, next_drafts=1, return_probs=False))
-        out.append(Variant(vocab, greedy=True))
-        out.append(Variant(vocab, has_q=False, mode_csd=False, has_uncond=False))
-    return out
+        for n in positions:
+            out.append(Variant(vocab, n, top_k=True, next_drafts=2))
+            out.append(Variant(vocab, n))
+            out.append(Variant(vocab, n, next_drafts=2, return_probs=False))
+            out.append(Variant(vocab, n, greedy=True))
+            out.append(Variant(vocab, n, has_q=False, mode_csd=False, has_uncond=False))
+    return list(dict.fromkeys(out))
 
 
-def _signature(kernel, variant: Variant) -> tuple[dict, dict]:
+_POINTERS = {"q_ptr": "*fp32", "draft_ptr": "*i64", "start_ptr": "*i64", "positions_ptr": "*i64", "seed_ptr": "*i64",
+             "offset_ptr": "*i64", "probs_ptr": "*fp32", "ent_ptr": "*fp32", "tvd_ptr": "*fp32", "acc_ptr": "*fp32",
+             "dist_ptr": "*fp32", "res_ptr": "*i32", "later_ptr": "*i32", "flags_ptr": "*i32", "stats_ptr": "*fp32",
+             "index_ptr": "*i32", "sums_ptr": "*fp32", "bad_q_ptr": "*i32", "position_count_ptr": "*i32",
+             "row_count_ptr": "*i32", "tokens_ptr": "*i64", "accept_len_ptr": "*i32", "status_ptr": "*i32"}
+_FLOATS = {"cfg_scale", "inv_t", "entropy_coef", "tvd_threshold"}
+
+
+def _signature(kernel, variant: Variant, constexprs: dict) -> dict:
     logits = "*" + _DTYPE[variant.logits_dtype]
-    pointers = {"logits_ptr": logits, "uncond_ptr": logits, "q_ptr": "*fp32", "draft_ptr": "*i64", "start_ptr": "*i64",
-                "positions_ptr": "*i64", "seed_ptr": "*i64", "offset_ptr": "*i64", "probs_ptr": "*fp32",
-                "ent_ptr": "*fp32", "tvd_ptr": "*fp32", "acc_ptr": "*fp32", "dist_ptr": "*fp32", "res_ptr": "*i32",
-                "later_ptr": "*i32", "flags_ptr": "*i32"}
-    floats = {"cfg_scale", "inv_t", "entropy_coef", "tvd_threshold"}
-    constexprs = {"HAS_UNCOND": variant.has_uncond, "HAS_Q": variant.has_q, "GREEDY": variant.greedy,
-                  "TOP_K": variant.top_k, "MODE_CSD": variant.mode_csd, "NEXT_DRAFTS": variant.next_drafts,
-                  "RETURN_PROBS": variant.return_probs, "PER_ROW_SEED": False}
     signature = {}
     for name in kernel.arg_names:
-        if name in pointers:
-            signature[name] = pointers[name]
-        elif name in floats:
+        if name in ("logits_ptr", "uncond_ptr"):
+            signature[name] = logits
+        elif name in _POINTERS:
+            signature[name] = _POINTERS[name]
+        elif name in _FLOATS:
             signature[name] = "fp32"
-        elif name in constexprs or name == "BLOCK_V":
+        elif name in constexprs:
             signature[name] = "constexpr"
         else:
             signature[name] = "i32"
-    return signature, constexprs
+    return signature
+
+
+def _divisibility(kernel, signature: dict) -> dict:
+    """Pointers, strides and V divisible by 16, as Triton's launcher specialises them for the usual shapes."""
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+               if signature[name].startswith("*") or (name.startswith("s_") and signature[name] == "i32") or name == "V"}
+    return aligned
 
 
 _PTXAS_LINE = re.compile(
@@ -99,13 +111,12 @@ _PTXAS_LINE = re.compile(
 def _ptxas_report(ptx: str, arch: int) -> dict:
     from triton.backends.nvidia.compiler import get_ptxas
 
-    ptxas = get_ptxas(arch).path
     suffix = "a" if arch >= 90 else ""
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernel.ptx"
         src.write_text(ptx)
-        result = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{arch}{suffix}", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                                capture_output=True, text=True)
+        result = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name=sm_{arch}{suffix}", str(src), "-o",
+                                 str(Path(tmp) / "k.cubin")], capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"ptxas failed:\n{result.stderr[-2000:]}")
     match = _PTXAS_LINE.search(result.stderr)
@@ -115,33 +126,53 @@ def _ptxas_report(ptx: str, arch: int) -> dict:
             "spill_load_bytes": int(match["ld"]), "registers": int(match["regs"])}
 
 
-def compile_variant(variant: Variant, arch: int = 90) -> ResourceReport:
-    """Compile the kernel the launcher would pick for ``variant`` and read ptxas -v (no GPU needed)."""
+def _kernels(variant: Variant):
+    """[(jit kernel, constexprs, num_warps)] the launcher would run for ``variant``."""
+    from . import triton_verify as tv
+    from .triton_kernels import chunked, register, split
+
+    chosen = tv.plan(variant.positions, variant.vocab, variant.top_k and not variant.greedy)
+    flags = {"HAS_UNCOND": variant.has_uncond, "HAS_Q": variant.has_q, "GREEDY": variant.greedy,
+             "MODE_CSD": variant.mode_csd, "NEXT_DRAFTS": variant.next_drafts, "RETURN_PROBS": variant.return_probs,
+             "PER_ROW_SEED": False}
+    if chosen.path != "split":
+        kernel = register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel
+        return [(kernel, dict(flags, TOP_K=variant.top_k and not variant.greedy, BLOCK_V=chosen.block),
+                 chosen.num_warps)]
+    n_split = -(-variant.vocab // chosen.block)
+    stats = {"HAS_UNCOND": variant.has_uncond, "GREEDY": variant.greedy, "PER_ROW_SEED": False,
+             "GUMBEL": variant.next_drafts == 2 and not variant.greedy, "BLOCK_V": chosen.block}
+    finish = dict(flags, BLOCK_V=chosen.block, S_BLOCK=max(2, 1 << (n_split - 1).bit_length()), BLOCK_L=16)
+    return [(split.split_stats_kernel, stats, chosen.num_warps), (split.split_finish_kernel, finish, chosen.num_warps)]
+
+
+def compile_variant(variant: Variant, arch: int = 90) -> list[ResourceReport]:
+    """Compile the kernels the launcher would run for ``variant`` and read ptxas -v (no GPU needed)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from . import triton_verify as tv
-
-    kernel, block = tv.pick_kernel(variant.vocab)
-    num_warps = tv.num_warps(block)
-    signature, constexprs = _signature(kernel, variant)
-    constexprs["BLOCK_V"] = block
-    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    options = {"num_warps": num_warps, "enable_fp_fusion": False}
-    compiled = triton.compiler.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
-    report = _ptxas_report(compiled.asm["ptx"], arch)
-    return ResourceReport(variant=variant, kernel=kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__,
-                          block=block, num_warps=num_warps, **report)
+    reports = []
+    for kernel, constexprs, num_warps in _kernels(variant):
+        if "s_qv" in kernel.arg_names:
+            constexprs = dict(constexprs, s_qv=1)  # Triton's launcher specialises a unit stride to a constant
+        signature = _signature(kernel, variant, constexprs)
+        source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs,
+                                           attrs=_divisibility(kernel, signature))
+        options = {"num_warps": num_warps, "enable_fp_fusion": False}
+        compiled = triton.compiler.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+        reports.append(ResourceReport(variant=variant, kernel=kernel.fn.__name__, block=constexprs["BLOCK_V"],
+                                      num_warps=num_warps, **_ptxas_report(compiled.asm["ptx"], arch)))
+    return reports
 
 
 def format_table(reports: list[ResourceReport]) -> str:
-    header = f"{'variant':<52} {'kernel':<26} {'block':>6} {'warps':>5} {'regs':>5} {'spill st/ld B':>14} {'stack B':>8}"
+    header = f"{'variant':<62} {'kernel':<24} {'block':>6} {'warps':>5} {'regs':>5} {'spill st/ld B':>14} {'stack B':>8}"
     lines = [header, "-" * len(header)]
     for r in reports:
-        lines.append(f"{r.variant.label:<52} {r.kernel:<26} {r.block:>6} {r.num_warps:>5} {r.registers:>5} "
+        lines.append(f"{r.variant.label:<62} {r.kernel:<24} {r.block:>6} {r.num_warps:>5} {r.registers:>5} "
                      f"{f'{r.spill_store_bytes}/{r.spill_load_bytes}':>14} {r.stack_bytes:>8}")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print(format_table([compile_variant(v) for v in variants()]))
+    print(format_table([r for v in variants() for r in compile_variant(v)]))

@@ -139,7 +139,7 @@ inline VerifyOutputs allocate_outputs(const CheckedArgs& a, bool return_probs, c
 // (tensors, so the raw pointers in `problem` stay valid as long as this object lives) and the raw description.
 struct PreparedCall {
   VerifyOutputs out;
-  at::Tensor start, positions, seed, offset, flags, resampled;
+  at::Tensor start, positions, seed, offset, flags, resampled, workspace;
   VerifyProblem problem;
 };
 
@@ -192,6 +192,8 @@ inline PreparedCall prepare_call(const CheckedArgs& a, const at::Tensor& target_
   P.tokens = c.out.tokens.data_ptr<int64_t>();
   P.accept_len = c.out.accept_len.data_ptr<int32_t>();
   P.status = c.out.status.data_ptr<int32_t>();
+  P.split_block = 0;
+  P.workspace = nullptr;
   return c;
 }
 

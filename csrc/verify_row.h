@@ -152,6 +152,15 @@ CSD_HD float distortion_term(float p, float q, float lambda_h) {
   return t > 0.0f ? t : 0.0f;
 }
 
+// The per-token term of the closed-form distortion with the csd gate open, division free: for p < q it is
+// min(q - p, lambda_h * q) (= q * min(1, p/q + lambda_h) - p), and 0 where p >= q.
+CSD_HD float gated_distortion_term(float p, float q, float lambda_h) {
+  if (!(p < q)) return 0.0f;
+  const float gap = f_sub(q, p), cap = f_mul(q, lambda_h);
+  const float t = gap < cap ? gap : cap;
+  return t > 0.0f ? t : 0.0f;
+}
+
 // Entropy of p = e / Z with e = exp(z - max): H = ln Z - (1/Z) * sum e*(z - max)  (= -sum p ln p), clamped at 0.
 CSD_HD float entropy_from_sums(double z_sum, double ez_sum) {
   const double h = log(z_sum) - ez_sum / z_sum;
@@ -187,9 +196,10 @@ CSD_HD PositionDecision decide_position(float p_x, float q_x, float h, float tvd
 
 // Per-row epilogue. flags[i], resampled[i] (token at accept_len), tokens[i] (on input: the "later" token) for the
 // row's L positions; draft tokens raw (any value) with stride. Writes tokens, *accept_len, *status.
+// The workspaces are read through volatile pointers: in the CUDA split path other blocks wrote them in this launch.
 CSD_HD void row_epilogue(int64_t length, int64_t vocab, int64_t start, const int64_t* draft_tokens,
-                         int64_t draft_stride, const uint32_t* flags, const int64_t* resampled, int64_t* tokens,
-                         int32_t* accept_len, int32_t* status) {
+                         int64_t draft_stride, const volatile uint32_t* flags, const volatile int64_t* resampled,
+                         volatile int64_t* tokens, int32_t* accept_len, int32_t* status) {
   int64_t al = length;
   int32_t st = 0;
   for (int64_t i = 0; i < length; ++i) {
@@ -243,6 +253,8 @@ struct VerifyProblem {
   int64_t* resampled;                               // [B, L] workspace
   int64_t* tokens;                                  // [B, L] output
   int32_t *accept_len, *status;                     // [B]
+  int64_t split_block;  // CUDA only: vocabulary slice per block of the split path, 0 = one block per position
+  void* workspace;      // CUDA only: the split path's workspace (csd_verify_workspace_bytes), else nullptr
 };
 
 }  // namespace csd

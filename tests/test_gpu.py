@@ -31,7 +31,9 @@ def test_triton_is_compiled_not_interpreted():
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-@pytest.mark.parametrize("shape", [(1, 16, 16384), (16, 16, 16384), (4, 16, 8192), (3, 5, 7), (2, 3, 100_000)])
+# small B·L: the split paths; (64, 16, ·): one program per position (B·L >= 4 x the SM count)
+@pytest.mark.parametrize("shape", [(1, 16, 16384), (16, 16, 16384), (4, 16, 8192), (3, 5, 7), (2, 3, 100_000),
+                                   (64, 16, 16384)])
 @pytest.mark.parametrize("next_drafts", ["independent", "maximal", "gumbel"])
 def test_gpu_backend_matches_reference(backend, shape, next_drafts):
     both, q, drafts = (t.cuda() for t in _inputs(*shape))
@@ -41,6 +43,20 @@ def test_gpu_backend_matches_reference(backend, shape, next_drafts):
     expected = ck.verify(both[0::2], drafts, q, backend="torch", **kwargs)
     same_rows = ((got.tokens == expected.tokens).all(-1) & (got.accept_len == expected.accept_len)).float().mean()
     assert same_rows >= 0.999 if shape[0] >= 1000 else same_rows == 1.0
+    for name in ("probs", "entropy", "tvd", "accept_prob", "distortion"):
+        assert torch.allclose(getattr(got, name), getattr(expected, name), rtol=1e-4, atol=1e-5), name
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("shape", [(4, 16, 16384), (2, 3, 100_000)])
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_top_k_and_greedy_match_reference(backend, shape, temperature):
+    both, q, drafts = (t.cuda() for t in _inputs(*shape, seed=2))
+    kwargs = dict(uncond_logits=both[1::2], cfg_scale=3.0, temperature=temperature, top_k=100, mode="csd",
+                  next_drafts="gumbel", seed=5)
+    got = ck.verify(both[0::2], drafts, q, backend=backend, **kwargs)
+    expected = ck.verify(both[0::2], drafts, q, backend="torch", **kwargs)
+    assert torch.equal(got.tokens, expected.tokens) and torch.equal(got.accept_len, expected.accept_len)
     for name in ("probs", "entropy", "tvd", "accept_prob", "distortion"):
         assert torch.allclose(getattr(got, name), getattr(expected, name), rtol=1e-4, atol=1e-5), name
 

@@ -16,6 +16,7 @@ import triton.language as tl  # noqa: E402
 
 from csd_kernels import reference as ref  # noqa: E402
 from csd_kernels import triton_verify as tv  # noqa: E402
+from csd_kernels.triton_kernels import common  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -39,7 +40,7 @@ def _philox_kernel(c_ptr, k_ptr, out_ptr, N, BLOCK: tl.constexpr):
     c3 = tl.load(c_ptr + 4 * offs + 3, mask=mask, other=0).to(tl.uint32)
     k0 = tl.load(k_ptr + 2 * offs + 0, mask=mask, other=0).to(tl.uint32)
     k1 = tl.load(k_ptr + 2 * offs + 1, mask=mask, other=0).to(tl.uint32)
-    w0, w1, w2, w3 = tv._philox(c0, c1, c2, c3, k0, k1)
+    w0, w1, w2, w3 = common.philox(c0, c1, c2, c3, k0, k1)
     tl.store(out_ptr + 4 * offs + 0, w0.to(tl.int64), mask=mask)
     tl.store(out_ptr + 4 * offs + 1, w1.to(tl.int64), mask=mask)
     tl.store(out_ptr + 4 * offs + 2, w2.to(tl.int64), mask=mask)
@@ -53,13 +54,13 @@ def _streams_kernel(seed_ptr, seed_stride, positions_ptr, offset_ptr, offset_str
     pid = tl.program_id(0).to(tl.int64)
     b = pid // L
     i = pid % L
-    pos, row_id, k0, k1, u_acc, u_smp = tv._position_rng(seed_ptr, seed_stride, positions_ptr, 1, offset_ptr + b * offset_stride, b, i,
+    pos, row_id, k0, k1, u_acc, u_smp = common.position_rng(seed_ptr, seed_stride, positions_ptr, 1, offset_ptr + b * offset_stride, b, i,
                                                          PER_ROW_SEED)
     tl.store(ua_ptr + pid, u_acc)
     tl.store(us_ptr + pid, u_smp)
     for v0 in range(0, V, BLOCK_V):  # chunked, as the large-V kernel draws them
         offs = v0 + tl.arange(0, BLOCK_V)
-        g = tv._gumbel_uniforms(v0, pos, row_id, k0, k1, BLOCK_V)
+        g = common.gumbel_uniforms(v0, pos, row_id, k0, k1, BLOCK_V)
         tl.store(g_ptr + pid * V + offs, g, mask=offs < V)
 
 
@@ -158,14 +159,35 @@ def make_case(B, L, V, *, dtype=torch.float32, uncond=True, q="dense", start=0, 
     )
 
 
+PATHS = ["split", "register", "chunked"]
+
+
+def forced_plan(path, V):
+    """A plan for ``path`` that gives several programs' worth of slices / chunks even at small V."""
+    if path == "register":
+        block = max(16, triton.next_power_of_2(V))
+        return tv.Plan("register", block, tv.register_num_warps(block))
+    block = triton.next_power_of_2(max(1, V // 3) + 1) // 2  # three to four blocks per row
+    if path == "chunked":
+        return tv.Plan("chunked", max(16, block), 4)
+    return tv.Plan("split", max(4, block), 4)
+
+
 def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, mode=1, entropy_coef=0.4, tvd_threshold=0.65,
-             next_drafts=0, return_probs=True):
+             next_drafts=0, return_probs=True, path=None):
     dev = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
-    got = tv.verify_triton(
+    args = (
         dev["target_logits"], dev["draft_tokens"], dev["draft_probs"], dev["uncond_logits"], cfg_scale, temperature,
         top_k, mode, entropy_coef, tvd_threshold, dev["start"], next_drafts, dev["positions"], dev["seed"],
         dev["offset"], return_probs,
     )
+    if path is None:
+        got = tv.verify_triton(*args)
+    else:
+        plan = forced_plan(path, case["target_logits"].shape[-1])
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(tv, "plan", lambda *a, **k: plan)
+            got = tv.verify_triton(*args)
     expected = ref.verify(
         case["target_logits"], case["draft_tokens"], case["draft_probs"], uncond_logits=case["uncond_logits"],
         cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None, mode=ref.MODES[mode],
@@ -220,11 +242,28 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("B, L, V, case_kw, op_kw", CASES)
-def test_matches_reference(B, L, V, case_kw, op_kw):
+def test_matches_reference(B, L, V, case_kw, op_kw, path):
+    if path == "split" and op_kw.get("top_k", 0) and op_kw.get("temperature", 1.0) > 0:
+        pytest.skip("top-k runs on the per-position paths (plan never splits it)")
     case = make_case(B, L, V, **case_kw)
-    got, expected = run_both(case, **op_kw)
+    got, expected = run_both(case, path=path, **op_kw)
     check(got, expected, V, op_kw.get("return_probs", True))
+
+
+def test_plan():
+    """Small B·L splits the vocabulary, large B·L holds rows in registers, top-k never splits."""
+    assert tv.plan(16, 16384, False, 132) == tv.Plan("split", 512, 4)
+    assert tv.plan(256, 16384, False, 132).path == "split"
+    assert tv.plan(4096, 16384, False, 132) == tv.Plan("register", 16384, 16)
+    assert tv.plan(16, 16384, True, 132).path == "register"
+    assert tv.plan(16, 100_000, True, 132).path == "chunked"
+    assert tv.plan(4096, 100_000, False, 132).path == "split"
+    for positions in (1, 16, 64, 256):
+        chosen = tv.plan(positions, 16384, False, 132)
+        programs = positions * -(-16384 // chosen.block)
+        assert programs >= 4 * 132 or chosen.block == tv.SPLIT_MIN_BLOCK
 
 
 def test_large_vocab_in_registers():
@@ -235,7 +274,8 @@ def test_large_vocab_in_registers():
     check(got, expected, V)
 
 
-def test_bad_inputs_flagged():
+@pytest.mark.parametrize("path", PATHS)
+def test_bad_inputs_flagged(path):
     V = 7
     case = make_case(3, 5, V, q="dense", start=2)
     c, u, q = case["target_logits"].clone(), case["uncond_logits"].clone(), case["draft_probs"].clone()
@@ -251,7 +291,7 @@ def test_bad_inputs_flagged():
     tokens[2, 1] = -3
     case.update(target_logits=c, uncond_logits=u, draft_probs=q, draft_tokens=tokens)
     for next_drafts in (0, 2):
-        got, expected = run_both(case, next_drafts=next_drafts)
+        got, expected = run_both(case, next_drafts=next_drafts, path=path)
         check(got, expected, V)
         assert got[-1].tolist() == [1 | 8, 1 | 2 | 4, 1 | 2 | 4 | 8]  # row 2: a bad token at a committed position
 
@@ -281,37 +321,41 @@ def test_random_rows_many():
     assert mism <= max(1, int(0.001 * 3 * B * L))
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     "B, L, V, case_kw, op_kw",
     [
         (2, 3, 100, {}, {}),
         (2, 3, 100, dict(q=None, dtype=torch.bfloat16), dict(next_drafts=2)),
         (2, 3, 100, dict(q="sparse", strided=True), dict(next_drafts=1)),
-        (1, 2, 100, dict(int_logits=True), dict(top_k=7, next_drafts=2)),
         (2, 3, 100, dict(q="uniform"), dict(temperature=0.0, next_drafts=2)),
         (2, 2, 70, dict(int_logits=True, q=None), dict(temperature=0.0)),
+        (2, 3, 100, dict(int_logits=True, seed_rows=True), dict(next_drafts=2)),  # gumbel ties across slices
         (2, 3, 100, dict(start=2), dict(mode=0, return_probs=False)),
     ],
 )
-def test_chunked_fallback_matches_reference(monkeypatch, B, L, V, case_kw, op_kw):
-    """The multi-sweep path for V > REGISTER_MAX_BLOCK, exercised at small V with small chunks."""
-    monkeypatch.setattr(tv, "REGISTER_MAX_BLOCK", 32)
-    monkeypatch.setattr(tv, "CHUNK_V", 32)
+def test_many_blocks_per_row(B, L, V, case_kw, op_kw, path):
+    """Rows spanning several slices (split) or chunks (chunked): carries, slice search, cross-slice argmax."""
     case = make_case(B, L, V, **case_kw)
-    got, expected = run_both(case, **op_kw)
+    got, expected = run_both(case, path=path, **op_kw)
     check(got, expected, V, op_kw.get("return_probs", True))
 
 
-def test_chunked_fallback_bad_inputs(monkeypatch):
-    monkeypatch.setattr(tv, "REGISTER_MAX_BLOCK", 32)
-    monkeypatch.setattr(tv, "CHUNK_V", 32)
+def test_chunked_top_k_matches_reference():
+    case = make_case(1, 2, 100, int_logits=True)
+    got, expected = run_both(case, path="chunked", top_k=7, next_drafts=2)
+    check(got, expected, 100)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_bad_inputs_over_many_blocks(path):
     V = 80
     case = make_case(2, 3, V, q="dense", start=1)
     c, q = case["target_logits"].clone(), case["draft_probs"].clone()
     c[0, 1, 50] = float("-inf")
     q[1, 2, 70] = float("inf")
     case.update(target_logits=c, draft_probs=q)
-    got, expected = run_both(case, next_drafts=2)
+    got, expected = run_both(case, path=path, next_drafts=2)
     check(got, expected, V)
     assert got[-1].tolist()[0] & ref.STATUS_BAD_LOGITS and got[-1].tolist()[1] & ref.STATUS_BAD_DRAFT_PROBS
 

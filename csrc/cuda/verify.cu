@@ -17,6 +17,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "block_ops.cuh"
+#include "split.cuh"
 #include "verify.cuh"
 
 namespace csd {
@@ -25,144 +27,10 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr unsigned kFull = 0xffffffffu;
-
-struct SharedState {
-  double d[kWarps];
-  float f[kWarps];
-  int64_t i64[kWarps];
-  unsigned hist[256];
-  int64_t result;
-  unsigned digit;
-  int remaining;
-};
-
-__device__ __forceinline__ double warp_sum(double v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-  return v;
-}
-
-// Sum over the block, same value (and same order of operations) in every thread.
-__device__ double block_sum(double v, SharedState& sh) {
-  v = warp_sum(v);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.d[threadIdx.x >> 5] = v;
-  __syncthreads();
-  double s = 0.0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) s += sh.d[w];
-  return s;
-}
-
-__device__ float block_max(float v, SharedState& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float other = __shfl_xor_sync(kFull, v, o);
-    v = other > v ? other : v;
-  }
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.f[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float m = sh.f[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) m = sh.f[w] > m ? sh.f[w] : m;
-  return m;
-}
-
-__device__ int64_t block_min_i64(int64_t v, SharedState& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const int64_t other = __shfl_xor_sync(kFull, v, o);
-    v = other < v ? other : v;
-  }
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.i64[threadIdx.x >> 5] = v;
-  __syncthreads();
-  int64_t m = sh.i64[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) m = sh.i64[w] < m ? sh.i64[w] : m;
-  return m;
-}
-
-__device__ int64_t block_max_i64(int64_t v, SharedState& sh) { return -block_min_i64(-v, sh); }
-
-__device__ bool block_any(bool v, SharedState& sh) { return block_max_i64(v ? 1 : 0, sh) != 0; }
-
-// Argmax of (value, index) pairs, lowest index on ties; -inf values lose to everything.
-__device__ int64_t block_argmax(float val, int64_t idx, SharedState& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(kFull, val, o);
-    const int64_t oi = __shfl_xor_sync(kFull, idx, o);
-    if (ov > val || (ov == val && oi < idx)) val = ov, idx = oi;
-  }
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) {
-    sh.f[threadIdx.x >> 5] = val;
-    sh.i64[threadIdx.x >> 5] = idx;
-  }
-  __syncthreads();
-  float bv = sh.f[0];
-  int64_t bi = sh.i64[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w)
-    if (sh.f[w] > bv || (sh.f[w] == bv && sh.i64[w] < bi)) bv = sh.f[w], bi = sh.i64[w];
-  return bi;
-}
-
-// Exclusive prefix over the block (thread order) of per-thread fp64 values; *total gets the sum.
-__device__ double block_exclusive_scan(double v, double* total, SharedState& sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  double inc = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const double n = __shfl_up_sync(kFull, inc, o);
-    if (lane >= o) inc += n;
-  }
-  __syncthreads();
-  if (lane == 31) sh.d[warp] = inc;
-  __syncthreads();
-  double before = 0.0, all = 0.0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) before += sh.d[w];
-    all += sh.d[w];
-  }
-  *total = all;
-  return before + inc - v;
-}
-
-// Everything one (row, position) needs to recompute z_v and p_v.
-template <typename T>
-struct Row {
-  const T* c;
-  const T* u;
-  VerifyParams prm;
-  float m = 0.0f, thr = 0.0f, scale = 1.0f;
-  int64_t greedy_token = 0;
-  bool has_thr = false;
-
-  __device__ float z(int64_t v) const {
-    const float cv = LogitLoad<T>::load(c, v);
-    const float uv = u ? LogitLoad<T>::load(u, v) : 0.0f;
-    return mix_logit(cv, uv, prm);
-  }
-  __device__ bool kept(float zv) const { return !has_thr || zv >= thr; }
-  // exp(z - max) where kept, else 0
-  __device__ float e(int64_t v) const {
-    const float zv = z(v);
-    return kept(zv) ? expf(f_sub(zv, m)) : 0.0f;
-  }
-  __device__ float p(int64_t v) const {
-    if (prm.greedy) return v == greedy_token ? 1.0f : 0.0f;
-    return f_mul(e(v), scale);
-  }
-};
 
 // Exact k-th largest of z (ties counted): radix select over order-preserving keys, 8 bits at a time.
 template <typename T>
-__device__ float block_kth_largest(const Row<T>& row, int64_t V, int64_t k, SharedState& sh) {
+__device__ float block_kth_largest(const Row<T>& row, int64_t V, int64_t k, BlockShared<kWarps>& sh) {
   uint32_t prefix = 0, mask = 0;
   if (threadIdx.x == 0) sh.remaining = static_cast<int>(k);
   for (int shift = 24; shift >= 0; shift -= 8) {
@@ -195,58 +63,15 @@ __device__ float block_kth_largest(const Row<T>& row, int64_t V, int64_t k, Shar
   return float_from_order_key(prefix);
 }
 
-// Inverse-CDF draw over weights w(v) >= 0: first v with float(fp64 prefix) > u * float(total), else the last v with
-// w(v) > 0. The same value is returned to every thread.
-template <typename W>
-__device__ int64_t block_inverse_cdf(W w, int64_t V, float u, SharedState& sh) {
-  const int64_t chunk = (V + kThreads - 1) / kThreads;
-  const int64_t begin = static_cast<int64_t>(threadIdx.x) * chunk;
-  const int64_t end = begin + chunk < V ? begin + chunk : V;
-  double s = 0.0;
-  for (int64_t v = begin; v < end; ++v) s += static_cast<double>(w(v));
-  double total;
-  const double excl = block_exclusive_scan(s, &total, sh);
-  const float target = f_mul(u, static_cast<float>(total));
-  const bool crosses = begin < end && static_cast<float>(excl + s) > target;
-  const int64_t first = block_min_i64(crosses ? static_cast<int64_t>(threadIdx.x) : int64_t(kThreads), sh);
-  if (threadIdx.x == 0) sh.result = -1;
-  __syncthreads();
-  if (first < kThreads && threadIdx.x == first) {
-    double r = excl;
-    int64_t found = -1;
-    for (int64_t v = begin; v < V; ++v) {  // normally ends inside this chunk
-      r += static_cast<double>(w(v));
-      if (static_cast<float>(r) > target) {
-        found = v;
-        break;
-      }
-    }
-    sh.result = found;
-  }
-  __syncthreads();
-  int64_t result = sh.result;
-  if (result < 0) {  // rounding overshoot: the last positive weight
-    int64_t last = -1;
-    for (int64_t v = threadIdx.x; v < V; v += kThreads)
-      if (w(v) > 0.0f) last = v;
-    result = block_max_i64(last, sh);
-    if (result < 0) result = 0;
-  }
-  return result;
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyProblem a) {
-  __shared__ SharedState sh;
+  __shared__ BlockShared<kWarps> sh;
   const int64_t item = blockIdx.x;
   const int64_t b = item / a.L, i = item % a.L;
   const int64_t V = a.prm.vocab;
   const VerifyParams& prm = a.prm;
 
-  Row<T> row;
-  row.prm = prm;
-  row.c = static_cast<const T*>(a.logits) + b * a.lg_sB + i * a.lg_sL;
-  row.u = a.uncond ? static_cast<const T*>(a.uncond) + b * a.un_sB + i * a.un_sL : nullptr;
+  Row<T> row = make_row<T>(a, b, i);
 
   const int64_t raw_tok = a.draft_tokens[b * a.dt_sB + i * a.dt_sL];
   const bool bad_token = draft_token_is_bad(raw_tok, V);
@@ -326,7 +151,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   // 4. TVD, sum p, distortion (csd, gate decided below), probs output
   const bool one_hot_q = !a.draft_probs && has_draft;
   const float lambda_h = f_mul(prm.entropy_coef, h);
-  float sa = 0.0f, sd = 0.0f;
+  float sa = 0.0f, sd = 0.0f, sr = 0.0f;
   float* probs_out = a.probs ? a.probs + item * V : nullptr;
   for (int64_t v = threadIdx.x; v < V; v += kThreads) {
     const float pv = row.p(v);
@@ -334,14 +159,13 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
     const float qv = q_full ? q[v] : q0;
     const float d = f_sub(pv, qv);
     sa = f_add(sa, fabsf(d));
-    if (d < 0.0f) {
-      const float gap = f_sub(qv, pv), cap = f_mul(qv, lambda_h);
-      const float t = gap < cap ? gap : cap;
-      sd = f_add(sd, t > 0.0f ? t : 0.0f);
-    }
+    sd = f_add(sd, gated_distortion_term(pv, qv, lambda_h));
+    // the residual's mass (one-hot q: p without the draft token); only "is it positive" is used
+    sr = f_add(sr, one_hot_q ? (v == token ? 0.0f : pv) : (d > 0.0f ? d : 0.0f));
   }
   double sum_abs = block_sum(sa, sh);
   const double sum_dist = block_sum(sd, sh);
+  const bool residual_positive = block_sum(sr, sh) > 0.0;
 
   const float p_x = row.p(has_draft ? token : 0);
   float q_x = 0.0f;
@@ -367,9 +191,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
       const float d = f_sub(pv, q_full ? q[v] : q0);
       return d > 0.0f ? d : 0.0f;
     };
-    bool positive = false;
-    for (int64_t v = threadIdx.x; v < V; v += kThreads) positive |= w_res(v) > 0.0f;
-    if (block_any(positive, sh))
+    if (residual_positive)
       resampled = block_inverse_cdf(w_res, V, u_sample, sh);
     else
       resampled = need_from_p ? from_p : block_inverse_cdf(w_p, V, u_sample, sh);
@@ -426,10 +248,35 @@ __global__ void row_epilogue_kernel(csd::VerifyProblem a) {
 }  // namespace cuda
 }  // namespace csd
 
+// Split while B*L alone cannot give every SM kSplitProgramsPerSm blocks: the largest slice (fewest blocks) that
+// still does. Top-k needs the whole row in one block (its radix select), so it is never split.
+extern "C" int64_t csd_verify_split_block(const csd::VerifyProblem* args) {
+  const csd::VerifyProblem& a = *args;
+  int device = 0, sm_count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 0;
+  constexpr int64_t kSplitProgramsPerSm = 4, kMinBlock = 512, kMaxBlock = 4096;
+  const int64_t positions = a.B * a.L, wanted = kSplitProgramsPerSm * sm_count;
+  if (positions == 0 || positions >= wanted || (a.prm.top_k > 0 && !a.prm.greedy)) return 0;
+  int64_t block = kMaxBlock;
+  while (block > kMinBlock && positions * ((a.prm.vocab + block - 1) / block) < wanted) block /= 2;
+  return block;
+}
+
+extern "C" int64_t csd_verify_workspace_bytes(const csd::VerifyProblem* args) {
+  const csd::VerifyProblem& a = *args;
+  if (a.split_block <= 0) return 0;
+  csd::cuda::SplitWorkspace ws;
+  return static_cast<int64_t>(
+      csd::cuda::carve_split_workspace(nullptr, a.B * a.L * csd::cuda::split_count(a), a.B * a.L, a.B, &ws));
+}
+
 extern "C" int csd_verify_rows_launch(const csd::VerifyProblem* args, cudaStream_t stream) {
   using namespace csd::cuda;
   const csd::VerifyProblem& a = *args;
   if (a.B == 0) return cudaSuccess;
+  if (a.L > 0 && a.split_block > 0) return launch_split(a, stream);  // the row epilogue runs inside
   if (a.L > 0) {
     const int64_t items = a.B * a.L;
     if (items > 0x7fffffffLL) return cudaErrorInvalidValue;

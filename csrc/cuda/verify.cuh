@@ -8,5 +8,12 @@
 
 #include "../verify_row.h"  // csd::VerifyProblem
 
+// The vocabulary slice per block of the split path (several blocks per position, for small batches) on the current
+// device, or 0 for one block per position. The caller stores it in args->split_block.
+extern "C" int64_t csd_verify_split_block(const csd::VerifyProblem* args);
+
+// Bytes of device workspace the launch needs for args->split_block (0 for one block per position).
+extern "C" int64_t csd_verify_workspace_bytes(const csd::VerifyProblem* args);
+
 // Enqueues the verification on `stream`; returns the cudaError_t of the launches (cudaSuccess = 0).
 extern "C" int csd_verify_rows_launch(const csd::VerifyProblem* args, cudaStream_t stream);

@@ -15,8 +15,13 @@ CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cuda) {
                                           temperature, top_k, mode, entropy_coef, tvd_threshold, start, next_drafts,
                                           positions, seed, offset, target_logits.device());
   const c10::cuda::CUDAGuard guard(target_logits.device());
-  const PreparedCall call = prepare_call(a, target_logits, draft_tokens, draft_probs, uncond_logits, start, positions,
-                                         seed, offset, return_probs);
+  PreparedCall call = prepare_call(a, target_logits, draft_tokens, draft_probs, uncond_logits, start, positions, seed,
+                                   offset, return_probs);
+  call.problem.split_block = csd_verify_split_block(&call.problem);
+  if (call.problem.split_block > 0) {
+    call.workspace = at::empty({csd_verify_workspace_bytes(&call.problem)}, target_logits.options().dtype(at::kByte));
+    call.problem.workspace = call.workspace.data_ptr();
+  }
   const int err = csd_verify_rows_launch(&call.problem, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == 0, "csd_kernels.verify_rows (CUDA): launch failed: ",
               cudaGetErrorString(static_cast<cudaError_t>(err)));

@@ -1,0 +1,159 @@
+"""Pieces every Triton verification kernel shares: Philox4x32-10 and the two random streams, the CFG mix, status
+bits, the running CDF of a chunk, and the per-row epilogue (accept_len, tokens, status).
+
+Philox is written with uint32 ``tl.umulhi`` and wrapping ``tl.mul``, bit-identical to ``reference.philox4x32``.
+Seeds and offsets are read inside the kernels from device tensors, so no launcher synchronises with the device.
+"""
+
+import triton
+import triton.language as tl
+
+from .. import reference as ref
+
+M0 = tl.constexpr(ref.PHILOX_M0)
+M1 = tl.constexpr(ref.PHILOX_M1)
+W0 = tl.constexpr(ref.PHILOX_W0)
+W1 = tl.constexpr(ref.PHILOX_W1)
+TAG = tl.constexpr(ref.GUMBEL_STREAM_TAG)
+S_BAD_LOGITS = tl.constexpr(ref.STATUS_BAD_LOGITS)
+S_BAD_TOKEN = tl.constexpr(ref.STATUS_BAD_DRAFT_TOKEN)
+S_BAD_PROBS = tl.constexpr(ref.STATUS_BAD_DRAFT_PROBS)
+S_MISSING = tl.constexpr(ref.STATUS_MISSING_COMMITTED_TOKEN)
+F_STOP = tl.constexpr(16)  # flag bit (scratch only): this position ends the accepted prefix
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Philox4x32-10 and the two streams
+# ----------------------------------------------------------------------------------------------------------------
+@triton.jit
+def philox(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 on uint32 values (same broadcast shape in, four words out)."""
+    for _ in tl.static_range(10):
+        hi0 = tl.umulhi(c0, M0)
+        lo0 = tl.mul(c0, M0, sanitize_overflow=False)
+        hi1 = tl.umulhi(c2, M1)
+        lo1 = tl.mul(c2, M1, sanitize_overflow=False)
+        n0 = hi1 ^ c1 ^ k0
+        n2 = hi0 ^ c3 ^ k1
+        c0 = n0
+        c1 = lo1
+        c2 = n2
+        c3 = lo0
+        k0 = tl.add(k0, W0, sanitize_overflow=False)
+        k1 = tl.add(k1, W1, sanitize_overflow=False)
+    return c0, c1, c2, c3
+
+@triton.jit
+def uniform(bits):
+    """uint32 word -> ((x >> 9) + 0.5)·2^-23, exact in fp32, in (0, 1)."""
+    return ((bits >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+
+@triton.jit
+def row_key(seed_ptr, seed_stride, b, PER_ROW_SEED: tl.constexpr):
+    """(k0, k1, row_id) as uint32 scalars for row b (see reference._seed_key)."""
+    s = tl.load(seed_ptr + b * seed_stride)
+    k0 = (s & 0xFFFFFFFF).to(tl.uint32)
+    k1 = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    if PER_ROW_SEED:
+        row_id = tl.zeros_like(k0)
+    else:
+        row_id = (b & 0xFFFFFFFF).to(tl.uint32)
+    return k0, k1, row_id
+
+@triton.jit
+def step_uniforms(pos, row_id, offset_ptr, k0, k1):
+    """(u_accept, u_sample) of the step stream at absolute position ``pos`` (uint32 scalar)."""
+    off = tl.load(offset_ptr)
+    off_lo = (off & 0xFFFFFFFF).to(tl.uint32)
+    off_hi = ((off >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    w0, w1, _w2, _w3 = philox(pos, row_id, off_lo, off_hi, k0, k1)
+    return uniform(w0), uniform(w1)
+
+@triton.jit
+def position_rng(seed_ptr, seed_stride, positions_ptr, s_pos, offset_ptr, b, i, PER_ROW_SEED: tl.constexpr):
+    """Key, counter words and step uniforms of window position i of row b: (pos, row_id, k0, k1, u_acc, u_smp)."""
+    k0, k1, row_id = row_key(seed_ptr, seed_stride, b, PER_ROW_SEED)
+    pos = ((tl.load(positions_ptr + b * s_pos).to(tl.int64) + i) & 0xFFFFFFFF).to(tl.uint32)
+    u_acc, u_smp = step_uniforms(pos, row_id, offset_ptr, k0, k1)
+    return pos, row_id, k0, k1, u_acc, u_smp
+
+@triton.jit
+def gumbel_uniforms(v0, pos, row_id, k0, k1, BLOCK: tl.constexpr):
+    """Uniforms of the gumbel stream for tokens v0 .. v0 + BLOCK - 1 (v0 a multiple of 4): one Philox call per 4."""
+    grp = (tl.arange(0, BLOCK // 4) + v0 // 4).to(tl.uint32)
+    zero = tl.zeros_like(grp)
+    l0, l1, l2, l3 = philox(grp, zero + pos, zero + row_id, zero + TAG, zero + k0, zero + k1)
+    bits = tl.reshape(tl.join(tl.join(l0, l2), tl.join(l1, l3)), [BLOCK])
+    return uniform(bits)
+
+# ----------------------------------------------------------------------------------------------------------------
+# Shared per-chunk helpers
+# ----------------------------------------------------------------------------------------------------------------
+@triton.jit
+def load_mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr):
+    """z = (u + s·(c − u))·(1/T) in fp32 (unscaled for T = 0); masked lanes hold 0."""
+    z = tl.load(c_row + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_UNCOND:
+        u = tl.load(u_row + offs, mask=mask, other=0.0).to(tl.float32)
+        z = u + cfg_scale * (z - u)
+    if not GREEDY:
+        z = z * inv_t
+    return z
+
+@triton.jit
+def nonfinite(x, mask):
+    """1 if any unmasked element of x is NaN or ±Inf, else 0 (int32 scalar)."""
+    bad = mask & ~(tl.abs(x) < float("inf"))
+    return tl.max(bad.to(tl.int32), 0)
+
+@triton.jit
+def order_key(z):
+    """Order-preserving int32 image of fp32 z (−0 mapped to +0 so ties compare as in torch)."""
+    bits = tl.where(z == 0.0, 0.0, z).to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+@triton.jit
+def chunk_cdf(w, carry, offs, BLOCK: tl.constexpr):
+    """Running CDF of one chunk seeded by ``carry`` and the carry for the next chunk (its last CDF value)."""
+    cdf = carry + tl.cumsum(w, 0)
+    last = tl.sum(tl.where(offs == BLOCK - 1, cdf, 0.0), 0)
+    return cdf, last
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Per-row epilogue
+# ----------------------------------------------------------------------------------------------------------------
+@triton.jit
+def row_epilogue(b, draft_ptr, s_db, s_dl, res_ptr, later_ptr, flags_ptr, tokens_ptr, accept_len_ptr, status_ptr, L, V,
+                 BLOCK_L: tl.constexpr):
+    """Row b from its positions' scratch: accept_len = the first stopping position; tokens = the drafts before it,
+    the resample at it, the later draws after it (0 where the logits were bad); status = OR of the input flags.
+
+    The scratch is read through L2 (``.cg``): in the split path other programs wrote it during this launch.
+    """
+    offs = tl.arange(0, BLOCK_L)
+    mask = offs < L
+    flags = tl.load(flags_ptr + b * L + offs, mask=mask, other=0, cache_modifier=".cg")
+    stop = mask & ((flags & F_STOP) != 0)
+    accept_len = tl.min(tl.where(stop, offs, L), 0)
+    x = tl.load(draft_ptr + b * s_db + offs * s_dl, mask=mask, other=-1).to(tl.int64)
+    x = tl.where((x < -1) | (x >= V), -1, x)
+    res = tl.load(res_ptr + b * L + offs, mask=mask, other=0, cache_modifier=".cg").to(tl.int64)
+    later = tl.load(later_ptr + b * L + offs, mask=mask, other=0, cache_modifier=".cg").to(tl.int64)
+    tok = tl.where(offs < accept_len, x, later)
+    tok = tl.where(offs == accept_len, res, tok)
+    tok = tl.where(((flags & S_BAD_LOGITS) != 0) | (tok < 0) | (tok >= V), 0, tok)
+    tl.store(tokens_ptr + b * L + offs, tok, mask=mask)
+    status = tl.zeros((), tl.int32)
+    for bit in tl.static_range(4):
+        status |= tl.max(((flags >> bit) & 1), 0) << bit
+    tl.store(accept_len_ptr + b, accept_len.to(tl.int32))
+    tl.store(status_ptr + b, status)
+
+
+@triton.jit
+def finalize_kernel(draft_ptr, s_db, s_dl, res_ptr, later_ptr, flags_ptr, tokens_ptr, accept_len_ptr, status_ptr, L, V,
+                    BLOCK_L: tl.constexpr):
+    """Grid (B,): the row epilogue after a per-position kernel."""
+    row_epilogue(tl.program_id(0).to(tl.int64), draft_ptr, s_db, s_dl, res_ptr, later_ptr, flags_ptr, tokens_ptr,
+                 accept_len_ptr, status_ptr, L, V, BLOCK_L)

@@ -1,0 +1,317 @@
+"""Split path: S programs per (row, window position), each owning one BLOCK_V slice of the vocabulary.
+
+For the small batches of image generation (B·L far below the SM count) one program per position leaves the GPU
+idle and each program walks thousands of elements in sequence. Here the grid is (B·L·S,), pid = position·S + split:
+
+* ``split_stats_kernel``: per slice, max m_s, Z_s = Σ e^(z−m_s), S1_s = Σ e^(z−m_s)(z−m_s), the non-finite flag,
+  the first argmax (T = 0) or the gumbel argmax (value and index). It also zeroes this launch's arrival counters.
+* ``split_finish_kernel``: every program combines the S slice statistics of its position (m, Z, and
+  H = ln Z − Σ_s e^(m_s−m)(S1_s + (m_s−m)Z_s)/Z), then computes p on its slice and the slice sums of |p − q|,
+  max(p − q, 0), p and the gated distortion Σ_{p<q} min(q − p, λH·q) (= Σ max(q·a − min(p, q), 0) with the gate
+  open; 0 with it closed). The last program of a position to arrive (an atomic counter) combines those sums, makes
+  the decision, and draws by inverse CDF: the slice holding u·total is found from the slice totals, then only that
+  slice is scanned. The last position of a row to finish runs the row epilogue. Two launches, no host sync.
+
+Arrival: each program stores its sums, passes a CTA barrier, then increments the counter with acq_rel semantics;
+the program that sees S − 1 reads the others' sums through L2 (``.cg``). Under Triton's interpreter programs run
+one after another, so the last one is always the last split: the logic is the same either way.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import (
+    F_STOP,
+    S_BAD_LOGITS,
+    S_BAD_PROBS,
+    S_BAD_TOKEN,
+    S_MISSING,
+    gumbel_uniforms,
+    load_mix,
+    nonfinite,
+    position_rng,
+    row_epilogue,
+    row_key,
+)
+
+N_STATS: tl.constexpr = tl.constexpr(4)  # m_s, Z_s, S1_s, gumbel best        (+ int: bad flag, argmax index)
+N_SUMS: tl.constexpr = tl.constexpr(4)  # Σ|p − q|, Σ max(p − q, 0), Σ p, gated distortion  (+ int: bad q flag)
+
+
+@triton.jit
+def _split_coords(L, V, BLOCK_V: tl.constexpr):
+    """(pid, position, split count S, split s, row b, window index i, slice offsets, slice mask)."""
+    pid = tl.program_id(0).to(tl.int64)
+    n_split = tl.cdiv(V, BLOCK_V)
+    position = pid // n_split
+    s = pid % n_split
+    offs = s * BLOCK_V + tl.arange(0, BLOCK_V)
+    return pid, position, n_split, s, position // L, position % L, offs, offs < V
+
+
+@triton.jit
+def split_stats_kernel(
+    logits_ptr, s_cb, s_cl, uncond_ptr, s_ub, s_ul,
+    positions_ptr, s_pos, seed_ptr, seed_stride,
+    stats_ptr, index_ptr, position_count_ptr, row_count_ptr,
+    L, V, cfg_scale, inv_t,
+    HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, GUMBEL: tl.constexpr, PER_ROW_SEED: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    pid, position, n_split, s, b, i, offs, mask = _split_coords(L, V, BLOCK_V)
+    # the counters of split_finish_kernel, zeroed here so that a launch (or a CUDA-graph replay) needs no memset
+    tl.store(position_count_ptr + position, 0, mask=s == 0)
+    tl.store(row_count_ptr + b, 0, mask=(s == 0) & (i == 0))
+
+    z = load_mix(logits_ptr + b * s_cb + i * s_cl, uncond_ptr + b * s_ub + i * s_ul, offs, mask, cfg_scale, inv_t,
+                 HAS_UNCOND, GREEDY)
+    bad = nonfinite(z, mask)
+    z = tl.where(mask, z, float("-inf"))
+    m = tl.max(z, 0)
+    if GREEDY:
+        index = tl.argmax(z, 0, tie_break_left=True) + s * BLOCK_V
+        z_sum = tl.zeros((), tl.float32)
+        s1 = tl.zeros((), tl.float32)
+        g_best = tl.zeros((), tl.float32)
+    else:
+        d = tl.where(mask, z - m, 0.0)
+        e = tl.where(mask, tl.exp(d), 0.0)
+        z_sum = tl.sum(e, 0)
+        s1 = tl.sum(e * d, 0)
+        if GUMBEL:
+            k0, k1, row_id = row_key(seed_ptr, seed_stride, b, PER_ROW_SEED)
+            pos = ((tl.load(positions_ptr + b * s_pos).to(tl.int64) + i) & 0xFFFFFFFF).to(tl.uint32)
+            score = z - tl.log(-tl.log(gumbel_uniforms(s * BLOCK_V, pos, row_id, k0, k1, BLOCK_V)))
+            g_best = tl.max(score, 0)
+            index = tl.argmax(score, 0, tie_break_left=True) + s * BLOCK_V
+        else:
+            g_best = tl.zeros((), tl.float32)
+            index = tl.zeros((), tl.int64)
+    tl.store(stats_ptr + pid * N_STATS + 0, m)
+    tl.store(stats_ptr + pid * N_STATS + 1, z_sum)
+    tl.store(stats_ptr + pid * N_STATS + 2, s1)
+    tl.store(stats_ptr + pid * N_STATS + 3, g_best)
+    tl.store(index_ptr + pid * 2 + 0, bad)
+    tl.store(index_ptr + pid * 2 + 1, index.to(tl.int32))
+
+
+@triton.jit
+def _combine_stats(stats_ptr, index_ptr, position, n_split, V, GREEDY: tl.constexpr, GUMBEL: tl.constexpr,
+                   S_BLOCK: tl.constexpr):
+    """(bad, m, 1/Z, H, argmax, gumbel argmax) of a position from its S slice statistics."""
+    sv = tl.arange(0, S_BLOCK)
+    smask = sv < n_split
+    row = (position * n_split + sv) * N_STATS
+    bad = tl.max(tl.load(index_ptr + (position * n_split + sv) * 2, mask=smask, other=0), 0) > 0
+    m_s = tl.load(stats_ptr + row + 0, mask=smask, other=float("-inf"))
+    m = tl.max(m_s, 0)
+    # the first slice holding the maximum holds the first argmax (slices are in vocabulary order)
+    first = tl.min(tl.where(smask & (m_s == m), sv, S_BLOCK), 0)
+    amax = tl.load(index_ptr + (position * n_split + first) * 2 + 1, mask=first < n_split, other=0)
+    if GREEDY:
+        inv_z = tl.full((), 1.0, tl.float32)
+        h = tl.zeros((), tl.float32)
+        later = amax
+    else:
+        z_s = tl.load(stats_ptr + row + 1, mask=smask, other=0.0)
+        s1_s = tl.load(stats_ptr + row + 2, mask=smask, other=0.0)
+        shift = tl.where(smask, m_s - m, 0.0)
+        scale = tl.where(smask, tl.exp(shift), 0.0)
+        z_total = tl.sum(z_s * scale, 0)
+        inv_z = 1.0 / z_total
+        h = tl.log(z_total) - tl.sum(scale * (s1_s + shift * z_s), 0) * inv_z
+        h = tl.maximum(h, 0.0)
+        later = amax
+        if GUMBEL:
+            g_s = tl.load(stats_ptr + row + 3, mask=smask, other=float("-inf"))
+            g_best = tl.max(g_s, 0)
+            g_first = tl.min(tl.where(smask & (g_s == g_best), sv, S_BLOCK), 0)
+            later = tl.load(index_ptr + (position * n_split + g_first) * 2 + 1, mask=g_first < n_split, other=0)
+    # a bad row is computed as if z were 0 (uniform p); its outputs are NaN / token 0 anyway
+    m = tl.where(bad, 0.0, m)
+    inv_z = tl.where(bad, 1.0 / V, inv_z)
+    h = tl.where(bad, 0.0, h)
+    return bad, m, inv_z, h, amax, later
+
+
+@triton.jit
+def _slice_p(c_row, u_row, offs, mask, bad, m, inv_z, amax, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr,
+             GREEDY: tl.constexpr):
+    """p on one slice (0 outside the vocabulary)."""
+    if GREEDY:
+        p = tl.where(mask & (offs == amax), 1.0, 0.0)
+    else:
+        z = load_mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
+        z = tl.where(bad, 0.0, z)
+        p = tl.where(mask, tl.exp(z - m) * inv_z, 0.0)
+    return p
+
+
+@triton.jit
+def _slice_q(q_row, s_qv, offs, mask, x, HAS_Q: tl.constexpr):
+    """(q on one slice with invalid entries zeroed, 1 if any entry was invalid): one-hot(x) without draft_probs."""
+    if HAS_Q:
+        q = tl.load(q_row + offs * s_qv, mask=mask, other=0.0).to(tl.float32)
+        ok = (q >= 0.0) & (q < float("inf"))
+        bad_q = tl.max((mask & ~ok).to(tl.int32), 0)
+        q = tl.where(mask & ok, q, 0.0)
+    else:
+        q = tl.where(offs == x, 1.0, 0.0)
+        bad_q = tl.zeros((), tl.int32)
+    return q, bad_q
+
+
+@triton.jit
+def _slice_search(weight_totals_ptr, position, n_split, target_u, c_row, u_row, q_row, s_qv, x, bad, m, inv_z, amax,
+                  cfg_scale, inv_t, V, USE_RESIDUAL, HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr,
+                  GREEDY: tl.constexpr, BLOCK_V: tl.constexpr, S_BLOCK: tl.constexpr):
+    """Inverse-CDF draw at u·total over the row's weights (max(p − q, 0) when USE_RESIDUAL, else p), given the
+    slice totals at ``weight_totals_ptr`` (stride N_SUMS): find the slice, then scan only that slice."""
+    sv = tl.arange(0, S_BLOCK)
+    smask = sv < n_split
+    base = weight_totals_ptr + position * n_split * N_SUMS
+    w_s = tl.load(base + sv * N_SUMS, mask=smask, other=0.0, cache_modifier=".cg")
+    w_before = tl.load(base + (sv - 1) * N_SUMS, mask=smask & (sv > 0), other=0.0, cache_modifier=".cg")
+    start = tl.cumsum(w_before, 0)  # exclusive prefix
+    end = start + w_s
+    total = tl.max(tl.where(smask, end, float("-inf")), 0)
+    target = target_u * total
+    hit = tl.min(tl.where(smask & (end > target), sv, S_BLOCK), 0)
+    last_positive = tl.max(tl.where(smask & (w_s > 0), sv, -1), 0)
+    found = hit < n_split
+    chosen = tl.where(found, hit, tl.maximum(last_positive, 0))
+    carry = tl.sum(tl.where(sv == chosen, start, 0.0), 0)
+    target = tl.where(found, target, float("inf"))  # rounding overshoot: the last positive weight
+
+    offs = chosen * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask = offs < V
+    p = _slice_p(c_row, u_row, offs, mask, bad, m, inv_z, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
+    q, _bad_q = _slice_q(q_row, s_qv, offs, mask, x, HAS_Q)
+    w = tl.where(USE_RESIDUAL, tl.maximum(p - q, 0.0), p)
+    cdf = carry + tl.cumsum(w, 0)
+    first = tl.min(tl.where(mask & (cdf > target), offs, V), 0)
+    last = tl.max(tl.where(mask & (w > 0), offs, -1), 0)
+    return tl.where(first < V, first, last)
+
+
+@triton.jit
+def split_finish_kernel(
+    logits_ptr, s_cb, s_cl,
+    uncond_ptr, s_ub, s_ul,
+    q_ptr, s_qb, s_ql, s_qv,
+    draft_ptr, s_db, s_dl,
+    start_ptr, s_start, positions_ptr, s_pos,
+    seed_ptr, seed_stride, offset_ptr, offset_stride,
+    probs_ptr, ent_ptr, tvd_ptr, acc_ptr, dist_ptr,
+    res_ptr, later_ptr, flags_ptr,
+    stats_ptr, index_ptr, sums_ptr, bad_q_ptr, position_count_ptr, row_count_ptr,
+    tokens_ptr, accept_len_ptr, status_ptr,
+    L, V, cfg_scale, inv_t, entropy_coef, tvd_threshold,
+    HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr, MODE_CSD: tl.constexpr,
+    NEXT_DRAFTS: tl.constexpr, RETURN_PROBS: tl.constexpr, PER_ROW_SEED: tl.constexpr,
+    BLOCK_V: tl.constexpr, S_BLOCK: tl.constexpr, BLOCK_L: tl.constexpr,
+):
+    pid, position, n_split, s, b, i, offs, mask = _split_coords(L, V, BLOCK_V)
+    bad, m, inv_z, h, amax, gumbel_later = _combine_stats(stats_ptr, index_ptr, position, n_split, V, GREEDY,
+                                                          NEXT_DRAFTS == 2, S_BLOCK)
+    c_row = logits_ptr + b * s_cb + i * s_cl
+    u_row = uncond_ptr + b * s_ub + i * s_ul
+    q_row = q_ptr + b * s_qb + i * s_ql
+    x = tl.load(draft_ptr + b * s_db + i * s_dl).to(tl.int64)
+    bad_tok = (x < -1) | (x >= V)
+    x = tl.where(bad_tok, -1, x)
+
+    # ---- this slice's sums
+    p = _slice_p(c_row, u_row, offs, mask, bad, m, inv_z, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
+    q, bad_q = _slice_q(q_row, s_qv, offs, mask, x, HAS_Q)
+    if RETURN_PROBS:
+        tl.store(probs_ptr + position * V + offs, tl.where(bad, float("nan"), p), mask=mask)
+    tl.store(sums_ptr + pid * N_SUMS + 0, tl.sum(tl.abs(p - q), 0))
+    tl.store(sums_ptr + pid * N_SUMS + 1, tl.sum(tl.maximum(p - q, 0.0), 0))
+    tl.store(sums_ptr + pid * N_SUMS + 2, tl.sum(p, 0))
+    if MODE_CSD:
+        if HAS_Q:
+            tl.store(sums_ptr + pid * N_SUMS + 3, tl.sum(tl.where(p < q, tl.minimum(q - p, entropy_coef * h * q), 0.0), 0))
+    tl.store(bad_q_ptr + pid, bad_q)
+
+    # ---- the last program of the position to arrive finishes it
+    tl.debug_barrier()
+    arrived = tl.atomic_add(position_count_ptr + position, 1, sem="acq_rel", scope="gpu")
+    if arrived == n_split - 1:
+        sv = tl.arange(0, S_BLOCK)
+        smask = sv < n_split
+        sums = sums_ptr + (position * n_split + sv) * N_SUMS
+        abs_diff = tl.sum(tl.load(sums + 0, mask=smask, other=0.0, cache_modifier=".cg"), 0)
+        residual = tl.sum(tl.load(sums + 1, mask=smask, other=0.0, cache_modifier=".cg"), 0)
+        p_total = tl.sum(tl.load(sums + 2, mask=smask, other=0.0, cache_modifier=".cg"), 0)
+        bad_q_row = tl.max(tl.load(bad_q_ptr + position * n_split + sv, mask=smask, other=0, cache_modifier=".cg"), 0) > 0
+        tvd = tl.where(bad_q_row, 0.5 * p_total, 0.5 * abs_diff)
+
+        has_draft = x >= 0
+        committed = i < tl.load(start_ptr + b * s_start)
+        x_safe = tl.maximum(x, 0)
+        if GREEDY:
+            p_x = tl.where(x_safe == amax, 1.0, 0.0)
+        else:
+            z_x = load_mix(c_row, u_row, x_safe, has_draft, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
+            p_x = tl.exp(tl.where(bad, 0.0, z_x) - m) * inv_z
+        if HAS_Q:
+            q_x = tl.load(q_row + x_safe * s_qv, mask=has_draft, other=0.0).to(tl.float32)
+            q_x = tl.where(bad_q_row | ~has_draft, 0.0, q_x)
+        else:
+            q_x = tl.where(has_draft, 1.0, 0.0)
+        p_x = tl.where(has_draft, p_x, 0.0)
+
+        pos_ok = q_x > 0
+        ratio = tl.where(pos_ok, p_x / tl.where(pos_ok, q_x, 1.0), 0.0)
+        strict_a = tl.minimum(ratio, 1.0)
+        if MODE_CSD:
+            gate = tvd < tvd_threshold
+            a = tl.minimum(tl.where(gate, tl.where(pos_ok, ratio + entropy_coef * h, 0.0), ratio), 1.0)
+            if HAS_Q:
+                gated = tl.sum(tl.load(sums + 3, mask=smask, other=0.0, cache_modifier=".cg"), 0)
+                dist = tl.where(gate & ~bad_q_row, gated, 0.0)
+            else:
+                dist = tl.maximum(a - p_x, 0.0)
+            dist = tl.where(has_draft, dist, 0.0)
+        else:
+            a = strict_a
+            dist = tl.zeros_like(h)
+
+        _pos, _row_id, _k0, _k1, u_acc, u_smp = position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
+                                                             offset_ptr + b * offset_stride, b, i, PER_ROW_SEED)
+        accepted = has_draft & (u_acc < a)
+        use_r = has_draft & ~bad_q_row & (residual > 0)
+        totals = sums_ptr + tl.where(use_r, 1, 2)
+        resampled = _slice_search(totals, position, n_split, u_smp, c_row, u_row, q_row, s_qv, x, bad, m, inv_z, amax,
+                                  cfg_scale, inv_t, V, use_r, HAS_UNCOND, HAS_Q, GREEDY, BLOCK_V, S_BLOCK)
+        if NEXT_DRAFTS == 0:
+            later = resampled
+            if use_r:  # with use_r false both draws are the same draw from p
+                later = _slice_search(sums_ptr + 2, position, n_split, u_smp, c_row, u_row, q_row, s_qv, x, bad, m,
+                                      inv_z, amax, cfg_scale, inv_t, V, False, HAS_UNCOND, HAS_Q, GREEDY, BLOCK_V,
+                                      S_BLOCK)
+        elif NEXT_DRAFTS == 1:
+            later = tl.where(has_draft & (u_acc < strict_a), x.to(tl.int32), resampled.to(tl.int32))
+        else:
+            later = gumbel_later
+
+        nan = float("nan")
+        tl.store(ent_ptr + position, tl.where(bad, nan, h))
+        tl.store(tvd_ptr + position, tl.where(bad, nan, tvd))
+        tl.store(acc_ptr + position, tl.where(bad, nan, a))
+        tl.store(dist_ptr + position, tl.where(bad, nan, dist))
+        stop = (~accepted & ~committed) | bad
+        flags = (tl.where(bad, S_BAD_LOGITS, 0) | tl.where(bad_tok, S_BAD_TOKEN, 0)
+                 | tl.where(bad_q_row, S_BAD_PROBS, 0) | tl.where(committed & ~has_draft, S_MISSING, 0)
+                 | tl.where(stop, F_STOP, 0))
+        tl.store(flags_ptr + position, flags.to(tl.int32))
+        tl.store(res_ptr + position, resampled.to(tl.int32))
+        tl.store(later_ptr + position, later.to(tl.int32))
+
+        # ---- the last position of the row to finish writes the row
+        tl.debug_barrier()
+        done = tl.atomic_add(row_count_ptr + b, 1, sem="acq_rel", scope="gpu")
+        if done == L - 1:
+            row_epilogue(b, draft_ptr, s_db, s_dl, res_ptr, later_ptr, flags_ptr, tokens_ptr, accept_len_ptr,
+                         status_ptr, L, V, BLOCK_L)
