@@ -72,45 +72,58 @@ def main():
     args = parser.parse_args()
     backends = args.backends or [b for b in ck.available_backends("cuda") if b != "torch"]
     seed, offset = torch.tensor([7], device="cuda"), torch.tensor([0], device="cuda")
-    rows = []
-    for vocab in (16384, 8192):
-        for batch in (1, 4, 16, 64):
-            length = 16
-            sets, nbytes = input_sets(batch, length, vocab)
-            read_once = graph_time(lambda s: (s[0].sum(), s[1].sum(), s[2].sum()), sets)
-            floor = nbytes / HBM_BYTES_PER_S
-            plan = tv.plan(batch * length, vocab, False, torch.cuda.get_device_properties(0).multi_processor_count)
-            for backend in backends:
-                for probs in (False, True):
-                    t = graph_time(verify_call(backend, probs, seed, offset), sets)
-                    row = dict(backend=backend, batch=batch, length=length, vocab=vocab, probs=probs, us=t * 1e6,
-                               read_once_us=read_once * 1e6, hbm_floor_us=floor * 1e6, vs_read_once=t / read_once,
-                               vs_floor=t / floor, triton_plan=f"{plan.path}/{plan.block}")
-                    rows.append(row)
-                    print(f"{backend:>7} B={batch:<3} L={length} V={vocab:<6} probs={int(probs)}  {t * 1e6:8.2f} us   "
-                          f"read-once {read_once * 1e6:7.2f} us ({t / read_once:5.2f}x)   HBM floor "
-                          f"{floor * 1e6:6.2f} us ({t / floor:5.1f}x)   [triton plan {plan.path}/{plan.block}]",
-                          flush=True)
-            del sets
-    sweep = []
+    device = torch.cuda.get_device_name()
+    result = {"device": device, "rows": [], "sweep": []}
+
+    def save():
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "gpu_timing.json"), "w") as f:
+                json.dump(result, f, indent=1)
+
+    time_backends(16384, backends, seed, offset, result["rows"], save)
     if args.sweep and "triton" in backends:
-        original = tv.plan
-        for batch in (1, 4, 16, 64):
-            sets, _ = input_sets(batch, 16, 16384)
-            for chosen in [tv.Plan("register", 16384, 16)] + [tv.Plan("split", b, 4 if b <= 2048 else 8)
-                                                               for b in (512, 1024, 2048, 4096)]:
-                tv.plan = lambda *a, chosen=chosen: chosen
-                try:
-                    t = graph_time(verify_call("triton", False, seed, offset), sets)
-                finally:
-                    tv.plan = original
-                sweep.append(dict(batch=batch, path=chosen.path, block=chosen.block, us=t * 1e6))
-                print(f" sweep B={batch:<3} L=16 V=16384 {chosen.path:>8}/{chosen.block:<5} {t * 1e6:8.2f} us", flush=True)
-            del sets
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gpu_timing.json"), "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": rows, "sweep": sweep}, f, indent=1)
+        sweep_triton_plans(seed, offset, result["sweep"], save)
+    time_backends(8192, backends, seed, offset, result["rows"], save)
+
+
+def time_backends(vocab, backends, seed, offset, rows, save):
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    for batch in (1, 4, 16, 64):
+        length = 16
+        sets, nbytes = input_sets(batch, length, vocab)
+        read_once = graph_time(lambda s: (s[0].sum(), s[1].sum(), s[2].sum()), sets)
+        floor = nbytes / HBM_BYTES_PER_S
+        plan = tv.plan(batch * length, vocab, False, sm_count)
+        for backend in backends:
+            for probs in (False, True):
+                t = graph_time(verify_call(backend, probs, seed, offset), sets)
+                rows.append(dict(backend=backend, batch=batch, length=length, vocab=vocab, probs=probs, us=t * 1e6,
+                                 read_once_us=read_once * 1e6, hbm_floor_us=floor * 1e6, vs_read_once=t / read_once,
+                                 vs_floor=t / floor, triton_plan=f"{plan.path}/{plan.block}"))
+                save()
+                print(f"{backend:>7} B={batch:<3} L={length} V={vocab:<6} probs={int(probs)}  {t * 1e6:8.2f} us   "
+                      f"read-once {read_once * 1e6:7.2f} us ({t / read_once:5.2f}x)   HBM floor "
+                      f"{floor * 1e6:6.2f} us ({t / floor:5.1f}x)   [triton plan {plan.path}/{plan.block}]", flush=True)
+        del sets
+
+
+def sweep_triton_plans(seed, offset, sweep, save):
+    """Every Triton plan at V = 16384: is the launcher's choice the fastest?"""
+    original = tv.plan
+    for batch in (1, 4, 16, 64):
+        sets, _ = input_sets(batch, 16, 16384)
+        plans = [tv.Plan("register", 16384, 16)] + [tv.Plan("split", b, 4 if b <= 2048 else 8) for b in (512, 1024, 2048, 4096)]
+        for chosen in plans:
+            tv.plan = lambda *a, chosen=chosen: chosen
+            try:
+                t = graph_time(verify_call("triton", False, seed, offset), sets)
+            finally:
+                tv.plan = original
+            sweep.append(dict(batch=batch, path=chosen.path, block=chosen.block, us=t * 1e6))
+            save()
+            print(f" sweep B={batch:<3} L=16 V=16384 {chosen.path:>8}/{chosen.block:<5} {t * 1e6:8.2f} us", flush=True)
+        del sets
 
 
 if __name__ == "__main__":

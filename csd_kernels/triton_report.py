@@ -5,7 +5,7 @@ gives PTX, and the ptxas bundled with Triton (``-v``) prints registers and spill
 compiles every variant this way (a kernel that no longer compiles for sm_90 fails on CPU-only CI) and
 ``benchmarks/triton_sm90.py`` prints the table, so a change that makes the register path spill shows in review.
 
-    python -m csd_kernels.triton_report            # the table for sm_90
+    python -m csd_kernels.triton_report [--quick] [--json rows.json]      # the table for sm_90
 """
 
 from __future__ import annotations
@@ -174,5 +174,29 @@ def format_table(reports: list[ResourceReport]) -> str:
     return "\n".join(lines)
 
 
+def quick_variants() -> list[Variant]:
+    """One of each kernel: split (small batch), register (large batch, heaviest), chunked (top-k above 16384)."""
+    return [Variant(16384, 16), Variant(16384, 16, greedy=True, next_drafts=2, return_probs=False),
+            Variant(16384, 1024, top_k=True, next_drafts=2), Variant(65536, 16, top_k=True, next_drafts=1)]
+
+
+def main(argv=None) -> None:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="Registers and spills of the Triton kernels, compiled without a GPU")
+    parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--quick", action="store_true", help="one variant of each kernel")
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args(argv)
+    reports = [r for v in (quick_variants() if args.quick else variants()) for r in compile_variant(v, args.arch)]
+    print(format_table(reports))
+    if args.json:
+        rows = [dict(variant=r.variant.label, kernel=r.kernel, block=r.block, num_warps=r.num_warps,
+                     registers=r.registers, spill_store_bytes=r.spill_store_bytes,
+                     spill_load_bytes=r.spill_load_bytes, stack_bytes=r.stack_bytes) for r in reports]
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
 if __name__ == "__main__":
-    print(format_table([r for v in variants() for r in compile_variant(v)]))
+    main()
