@@ -42,6 +42,7 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     backends = [b for b in ck.available_backends("cuda") if b != "torch"]
+    backends += ["cuda-split"] if "cuda" in backends else []  # the CUDA backend with CSD_KERNELS_CUDA_SPLIT=1
     if args.cpu:
         backends.append("cpu")
     length, vocab = args.length, args.vocab
@@ -65,10 +66,11 @@ def main():
                 out[name] = (r.tokens, r.accept_len)
                 continue
             tokens, accept_len = [], []
+            os.environ["CSD_KERNELS_CUDA_SPLIT"] = "1" if name == "cuda-split" else "0"
             for r0 in range(0, args.rows_per_chunk, args.rows_per_call):
                 rows_ = slice(r0, r0 + args.rows_per_call)
                 r = ck.verify(cond[rows_], drafts[rows_], q[rows_], uncond_logits=uncond[rows_], seed=seeds[rows_],
-                              backend=name, validate=False, **kwargs)
+                              backend="cuda" if name == "cuda-split" else name, validate=False, **kwargs)
                 tokens.append(r.tokens)
                 accept_len.append(r.accept_len)
             out[name] = (torch.cat(tokens).cpu(), torch.cat(accept_len).cpu())

@@ -6,6 +6,7 @@ Covers V in {1, 7, 513, 16385, 65537} (register and chunked paths, ragged tails)
 drafts, strided CFG halves and per-row seeds/offsets. Prints one line per call; the sanitizer reports any error.
 """
 
+import os
 import sys
 
 import torch
@@ -16,6 +17,7 @@ import csd_kernels as ck
 def main():
     quick = "--quick" in sys.argv[1:]  # the split path and one per-position path, two vocabularies
     backends = [b for b in ck.available_backends("cuda") if b != "torch"]
+    backends += ["cuda-split"] if "cuda" in backends else []  # the CUDA backend with CSD_KERNELS_CUDA_SPLIT=1
     g = torch.Generator().manual_seed(0)
     for vocab in (7, 16385) if quick else (1, 7, 513, 16385, 65537):
         batch, length = 2, 3
@@ -24,12 +26,13 @@ def main():
         drafts = torch.randint(0, vocab, (batch, length), generator=g).cuda()
         drafts[1, -1] = -1
         for backend in backends:
+            os.environ["CSD_KERNELS_CUDA_SPLIT"] = "1" if backend == "cuda-split" else "0"
             cases = (("gumbel", 5), ("maximal", None)) if quick else (("gumbel", 5), ("maximal", None), ("independent", 3))
             for next_drafts, top_k in cases:
                 r = ck.verify(both[0::2], drafts, q, uncond_logits=both[1::2], cfg_scale=4.0, top_k=top_k,
                               next_drafts=next_drafts, seed=torch.tensor([3, 4], device="cuda"),
                               offset=torch.tensor([0, 9], device="cuda"), start=torch.tensor([0, 1], device="cuda"),
-                              backend=backend)
+                              backend="cuda" if backend == "cuda-split" else backend)
                 torch.cuda.synchronize()
                 print(backend, vocab, next_drafts, top_k, r.accept_len.tolist(), flush=True)
 

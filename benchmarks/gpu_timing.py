@@ -57,10 +57,14 @@ def input_sets(batch, length, vocab):
 
 
 def verify_call(backend, probs, seed, offset):
+    """One call of ``backend`` ('cuda-split': the CUDA backend with CSD_KERNELS_CUDA_SPLIT=1)."""
+    name = "cuda" if backend == "cuda-split" else backend
+
     def call(s):
         cond, uncond, q, drafts = s
+        os.environ["CSD_KERNELS_CUDA_SPLIT"] = "1" if backend == "cuda-split" else "0"
         ck.verify(cond, drafts, q, uncond_logits=uncond, cfg_scale=5.0, mode="csd", seed=seed, offset=offset,
-                  return_probs=probs, backend=backend, validate=False)
+                  return_probs=probs, backend=name, validate=False)
     return call
 
 
@@ -71,6 +75,7 @@ def main():
     parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
     backends = args.backends or [b for b in ck.available_backends("cuda") if b != "torch"]
+    backends += ["cuda-split"] if "cuda" in backends and not args.backends else []
     seed, offset = torch.tensor([7], device="cuda"), torch.tensor([0], device="cuda")
     device = torch.cuda.get_device_name()
     result = {"device": device, "rows": [], "sweep": []}
@@ -102,7 +107,7 @@ def time_backends(vocab, backends, seed, offset, rows, save):
                                  read_once_us=read_once * 1e6, hbm_floor_us=floor * 1e6, vs_read_once=t / read_once,
                                  vs_floor=t / floor, triton_plan=f"{plan.path}/{plan.block}"))
                 save()
-                print(f"{backend:>7} B={batch:<3} L={length} V={vocab:<6} probs={int(probs)}  {t * 1e6:8.2f} us   "
+                print(f"{backend:>10} B={batch:<3} L={length} V={vocab:<6} probs={int(probs)}  {t * 1e6:8.2f} us   "
                       f"read-once {read_once * 1e6:7.2f} us ({t / read_once:5.2f}x)   HBM floor "
                       f"{floor * 1e6:6.2f} us ({t / floor:5.1f}x)   [triton plan {plan.path}/{plan.block}]", flush=True)
         del sets

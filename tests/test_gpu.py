@@ -9,6 +9,16 @@ import csd_kernels as ck
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 
 GPU_BACKENDS = [name for name in ck.available_backends("cuda") if name != "torch"] if torch.cuda.is_available() else []
+# the CUDA split path is opt-in (CSD_KERNELS_CUDA_SPLIT=1) until it has run on a GPU: test it beside the default
+GPU_BACKENDS += ["cuda-split"] if "cuda" in GPU_BACKENDS else []
+
+
+def _backend(name, monkeypatch):
+    """'cuda-split' is the 'cuda' backend with CSD_KERNELS_CUDA_SPLIT=1."""
+    if name == "cuda-split":
+        monkeypatch.setenv("CSD_KERNELS_CUDA_SPLIT", "1")
+        return "cuda"
+    return name
 
 
 def _inputs(batch, length, vocab, dtype=torch.bfloat16, seed=0):
@@ -35,7 +45,8 @@ def test_triton_is_compiled_not_interpreted():
 @pytest.mark.parametrize("shape", [(1, 16, 16384), (16, 16, 16384), (4, 16, 8192), (3, 5, 7), (2, 3, 100_000),
                                    (64, 16, 16384)])
 @pytest.mark.parametrize("next_drafts", ["independent", "maximal", "gumbel"])
-def test_gpu_backend_matches_reference(backend, shape, next_drafts):
+def test_gpu_backend_matches_reference(backend, shape, next_drafts, monkeypatch):
+    backend = _backend(backend, monkeypatch)
     both, q, drafts = (t.cuda() for t in _inputs(*shape))
     kwargs = dict(uncond_logits=both[1::2], cfg_scale=5.0, mode="csd", next_drafts=next_drafts, seed=3, offset=7,
                   positions=torch.arange(shape[0], device="cuda") * 16)
@@ -50,7 +61,8 @@ def test_gpu_backend_matches_reference(backend, shape, next_drafts):
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 @pytest.mark.parametrize("shape", [(4, 16, 16384), (2, 3, 100_000)])
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
-def test_top_k_and_greedy_match_reference(backend, shape, temperature):
+def test_top_k_and_greedy_match_reference(backend, shape, temperature, monkeypatch):
+    backend = _backend(backend, monkeypatch)
     both, q, drafts = (t.cuda() for t in _inputs(*shape, seed=2))
     kwargs = dict(uncond_logits=both[1::2], cfg_scale=3.0, temperature=temperature, top_k=100, mode="csd",
                   next_drafts="gumbel", seed=5)
@@ -62,7 +74,8 @@ def test_top_k_and_greedy_match_reference(backend, shape, temperature):
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-def test_same_tokens_as_the_cpu_backend(backend):
+def test_same_tokens_as_the_cpu_backend(backend, monkeypatch):
+    backend = _backend(backend, monkeypatch)
     both, q, drafts = _inputs(512, 16, 4096, seed=1)
     cpu_backend = ck.available_backends("cpu")[0]
     kwargs = dict(cfg_scale=5.0, mode="csd", seed=11)
@@ -74,7 +87,8 @@ def test_same_tokens_as_the_cpu_backend(backend):
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-def test_no_host_sync_and_cuda_graph_replay(backend):
+def test_no_host_sync_and_cuda_graph_replay(backend, monkeypatch):
+    backend = _backend(backend, monkeypatch)
     both, q, drafts = (t.cuda() for t in _inputs(4, 16, 16384))
     seed = torch.tensor([5], device="cuda")
     offset = torch.tensor([0], device="cuda")
@@ -106,8 +120,9 @@ def test_no_host_sync_and_cuda_graph_replay(backend):
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-def test_int_seed_and_offset_need_no_host_sync(backend):
+def test_int_seed_and_offset_need_no_host_sync(backend, monkeypatch):
     """Python ints reach the kernels without a host-to-device copy (no sync), with the streams of the tensors."""
+    backend = _backend(backend, monkeypatch)
     both, q, drafts = (t.cuda() for t in _inputs(2, 8, 1000))
     kwargs = dict(uncond_logits=both[1::2], cfg_scale=5.0, backend=backend, validate=False)
     ck.verify(both[0::2], drafts, q, seed=5, offset=2**40, **kwargs)

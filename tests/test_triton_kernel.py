@@ -253,17 +253,13 @@ def test_matches_reference(B, L, V, case_kw, op_kw, path):
 
 
 def test_plan():
-    """Small B·L splits the vocabulary, large B·L holds rows in registers, top-k never splits."""
-    assert tv.plan(16, 16384, False, 132) == tv.Plan("split", 512, 4)
-    assert tv.plan(256, 16384, False, 132).path == "split"
-    assert tv.plan(4096, 16384, False, 132) == tv.Plan("register", 16384, 16)
-    assert tv.plan(16, 16384, True, 132).path == "register"
+    """Everything splits into SPLIT_BLOCK slices (at most SPLIT_MAX_SLICES), except top-k, which needs whole rows."""
+    for positions in (1, 16, 256, 4096):
+        assert tv.plan(positions, 16384, False, 132) == tv.Plan("split", tv.SPLIT_BLOCK, 4)
+    assert tv.plan(16, 7, False, 132) == tv.Plan("split", 16, 4)
+    assert tv.plan(16, 1 << 20, False, 132).block == (1 << 20) // tv.SPLIT_MAX_SLICES
+    assert tv.plan(16, 16384, True, 132) == tv.Plan("register", 16384, 16)
     assert tv.plan(16, 100_000, True, 132).path == "chunked"
-    assert tv.plan(4096, 100_000, False, 132).path == "split"
-    for positions in (1, 16, 64, 256):
-        chosen = tv.plan(positions, 16384, False, 132)
-        programs = positions * -(-16384 // chosen.block)
-        assert programs >= 4 * 132 or chosen.block == tv.SPLIT_MIN_BLOCK
 
 
 def test_large_vocab_in_registers():

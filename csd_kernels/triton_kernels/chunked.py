@@ -12,20 +12,11 @@ import triton
 import triton.language as tl
 
 from .common import (
-    M0,
-    M1,
-    W0,
-    W1,
-    TAG,
     S_BAD_LOGITS,
     S_BAD_TOKEN,
     S_BAD_PROBS,
     S_MISSING,
     F_STOP,
-    philox,
-    uniform,
-    row_key,
-    step_uniforms,
     position_rng,
     gumbel_uniforms,
     load_mix,

@@ -16,6 +16,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "block_ops.cuh"
 #include "split.cuh"
@@ -248,19 +250,17 @@ __global__ void row_epilogue_kernel(csd::VerifyProblem a) {
 }  // namespace cuda
 }  // namespace csd
 
-// Split while B*L alone cannot give every SM kSplitProgramsPerSm blocks: the largest slice (fewest blocks) that
-// still does. Top-k needs the whole row in one block (its radix select), so it is never split.
+// The split path is opt-in (CSD_KERNELS_CUDA_SPLIT=1) until it has run on a GPU: 1024-token slices (at most 256 per
+// position), as the Triton split path measured fastest on an H200. Top-k needs the whole row in one block (its
+// radix select), so it is never split.
 extern "C" int64_t csd_verify_split_block(const csd::VerifyProblem* args) {
   const csd::VerifyProblem& a = *args;
-  int device = 0, sm_count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return 0;
-  constexpr int64_t kSplitProgramsPerSm = 4, kMinBlock = 512, kMaxBlock = 4096;
-  const int64_t positions = a.B * a.L, wanted = kSplitProgramsPerSm * sm_count;
-  if (positions == 0 || positions >= wanted || (a.prm.top_k > 0 && !a.prm.greedy)) return 0;
-  int64_t block = kMaxBlock;
-  while (block > kMinBlock && positions * ((a.prm.vocab + block - 1) / block) < wanted) block /= 2;
+  const char* flag = getenv("CSD_KERNELS_CUDA_SPLIT");
+  if (flag == nullptr || strcmp(flag, "1") != 0) return 0;
+  if (a.B * a.L == 0 || (a.prm.top_k > 0 && !a.prm.greedy)) return 0;
+  constexpr int64_t kBlock = 1024, kMaxSlices = 256;
+  int64_t block = kBlock;
+  while ((a.prm.vocab + block - 1) / block > kMaxSlices) block *= 2;
   return block;
 }
 

@@ -8,8 +8,8 @@
 
 #include "../verify_row.h"  // csd::VerifyProblem
 
-// The vocabulary slice per block of the split path (several blocks per position, for small batches) on the current
-// device, or 0 for one block per position. The caller stores it in args->split_block.
+// The vocabulary slice per block of the split path (several blocks per position, for small batches), or 0 for one
+// block per position (the default until CSD_KERNELS_CUDA_SPLIT=1). The caller stores it in args->split_block.
 extern "C" int64_t csd_verify_split_block(const csd::VerifyProblem* args);
 
 // Bytes of device workspace the launch needs for args->split_block (0 for one block per position).
