@@ -176,3 +176,38 @@ def test_image_gpt_bad_arguments(tiny_llama):
     with pytest.raises(ValueError, match="null_token_id"):
         generate(gpt, torch.tensor([[16]]), cfg_scale=2.0)
     assert generate(gpt, torch.tensor([[16]]), cfg_scale=1.0, mode="sjd", window=3).tokens.shape == (1, 4)
+
+
+def _byte_tokenizer(specials):
+    """A byte-level BPE tokenizer without merges (any text encodes) with Janus' special tokens, BOS prepended."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(["<pad>", "<bos>"] + specials + sorted(alphabet))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", pad_token="<pad>")
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    return tokenizer
+
+
+def test_janus_prompt_is_the_sft_format_of_deepseek_janus():
+    """The expected strings are what deepseek-ai/Janus' own conversation code (janus/utils/conversation.py,
+    template "deepseek", system prompt "") prints for these turns, followed by its image_start_tag."""
+    from csd_kernels.models import janus_prompt
+    from csd_kernels.models.janus import JANUS_ROLES
+
+    tokenizer = _byte_tokenizer(["<|User|>", "<|Assistant|>", "<begin_of_image>"])
+    out = janus_prompt(tokenizer, ["A red cube on a table.", "  a cat  "])
+    ids, mask = out["input_ids"], out["attention_mask"]
+    first = ids[0][mask[0].bool()].tolist()
+    assert tokenizer.decode(first) == "<bos><|User|>: A red cube on a table.\n\n<|Assistant|>:<begin_of_image>"
+    assert first[0] == tokenizer.bos_token_id and first[-1] == tokenizer.convert_tokens_to_ids("<begin_of_image>")
+    second = ids[1][mask[1].bool()].tolist()  # shorter: left-padded, stripped like the SFT template strips turns
+    assert tokenizer.decode(second) == "<bos><|User|>: a cat\n\n<|Assistant|>:<begin_of_image>"
+    assert mask[1, 0] == 0 and ids[1, 0] == tokenizer.pad_token_id and mask[1, -1] == 1
+    plain = janus_prompt(tokenizer, "A red cube on a table.", roles=JANUS_ROLES)["input_ids"][0].tolist()
+    assert tokenizer.decode(plain) == "<bos>User: A red cube on a table.\n\nAssistant:<begin_of_image>"

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from .llamagen import ImageGPT
 from .lumina import LuminaMGPT
-from .janus import JanusAdapter
+from .janus import JANUS_DEFAULTS, JanusAdapter, janus_prompt
 from .protocol import ImageAdapter, is_adapter
 
-__all__ = ["ImageAdapter", "ImageGPT", "JanusAdapter", "LuminaMGPT", "get_adapter", "is_adapter"]
+__all__ = ["ImageAdapter", "ImageGPT", "JANUS_DEFAULTS", "JanusAdapter", "LuminaMGPT", "get_adapter", "is_adapter",
+           "janus_prompt"]
 
 
 def get_adapter(model):

@@ -17,7 +17,36 @@ import torch
 from .base import CachedImageLM
 from .protocol import to_uint8_images
 
-__all__ = ["JanusAdapter"]
+__all__ = ["JanusAdapter", "janus_prompt", "JANUS_PRO_ROLES", "JANUS_ROLES", "JANUS_DEFAULTS"]
+
+# The conversation roles of deepseek-ai/Janus' "deepseek" SFT template: Janus-Pro's README uses the tagged roles,
+# Janus-1.3B's generation_inference.py the plain ones.
+JANUS_PRO_ROLES = ("<|User|>", "<|Assistant|>")
+JANUS_ROLES = ("User", "Assistant")
+# How deepseek-ai/Janus (generation_inference.py) and the CSD authors run text-to-image: cfg_weight 5, temperature 1,
+# no top-k (transformers' generation config may carry top_k for sampling; it is not what they run).
+JANUS_DEFAULTS = dict(cfg_scale=5.0, temperature=1.0, top_k=None)
+
+
+def janus_prompt(processor, text, *, roles=JANUS_PRO_ROLES) -> dict:
+    """``input_ids`` and ``attention_mask`` [B, S] (left-padded) of Janus' text-to-image prompt for ``text``
+    (a string or a list of strings), as deepseek-ai/Janus builds it: the SFT template with an empty system prompt,
+    the user turn, an empty assistant turn, then the image-start tag, tokenized with BOS::
+
+        <BOS><|User|>: {text}\n\n<|Assistant|>:<begin_of_image>
+
+    ``processor``: transformers' ``JanusProcessor`` or its tokenizer. Use ``roles=JANUS_ROLES`` for Janus-1.3B.
+    Pass the result to :func:`csd_kernels.generate` as ``generate(model, **janus_prompt(processor, text))``.
+    """
+    texts = [text] if isinstance(text, str) else list(text)
+    tokenizer = getattr(processor, "tokenizer", processor)
+    boi = getattr(processor, "image_start_token", None) or getattr(tokenizer, "boi_token", None) or "<begin_of_image>"
+    rows = [tokenizer.encode(f"{roles[0]}: {t.strip()}\n\n{roles[1]}:{boi}") for t in texts]  # BOS added
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
+    attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
 class JanusAdapter(CachedImageLM):
