@@ -1,8 +1,21 @@
-"""Pieces every Triton verification kernel shares: Philox4x32-10 and the two random streams, the CFG mix, status
-bits, the running CDF of a chunk, and the per-row epilogue (accept_len, tokens, status).
+"""Pieces every Triton verification kernel shares: Philox4x32-10 and the two random streams, the CFG mix, the
+window bookkeeping, the acceptance rule, the per-position stores and the per-row epilogue.
 
 Philox is written with uint32 ``tl.umulhi`` and wrapping ``tl.mul``, bit-identical to ``reference.philox4x32``.
 Seeds and offsets are read inside the kernels from device tensors, so no launcher synchronises with the device.
+
+Kernel parameters, named alike in every path:
+
+* ``logits_ptr`` / ``uncond_ptr`` / ``q_ptr`` / ``draft_ptr``: target logits, unconditional logits, draft
+  probabilities q, draft tokens; ``s_<t><d>`` is the stride of tensor t (c = logits, u = uncond, q, d = drafts) along
+  dim d (b = row, l = window position, v = vocabulary). ``start_ptr``/``positions_ptr`` [B] with strides ``s_start``
+  /``s_pos``; ``seed_ptr``/``offset_ptr`` [1] or [B] with ``seed_stride``/``offset_stride`` (0 when shared).
+* outputs ``probs_ptr`` [B, L, V], ``ent_ptr``/``tvd_ptr``/``acc_ptr``/``dist_ptr`` [B, L]; per-position scratch
+  ``res_ptr`` (resampled token), ``later_ptr`` (the draw for positions after accept_len), ``flags_ptr`` (status bits
+  and F_STOP) [B, L] int32, read by the row epilogue.
+* scalars ``L``, ``V``, ``cfg_scale``, ``inv_t`` (1/T rounded to fp32), ``top_k``, ``entropy_coef`` (λ),
+  ``tvd_threshold`` (τ); constexpr switches ``HAS_UNCOND``, ``HAS_Q``, ``GREEDY`` (T = 0), ``TOP_K``, ``MODE_CSD``,
+  ``NEXT_DRAFTS`` (INDEPENDENT / MAXIMAL / GUMBEL), ``RETURN_PROBS``, ``PER_ROW_SEED``, ``BLOCK_V``.
 """
 
 import triton
@@ -20,6 +33,9 @@ S_BAD_TOKEN = tl.constexpr(ref.STATUS_BAD_DRAFT_TOKEN)
 S_BAD_PROBS = tl.constexpr(ref.STATUS_BAD_DRAFT_PROBS)
 S_MISSING = tl.constexpr(ref.STATUS_MISSING_COMMITTED_TOKEN)
 F_STOP = tl.constexpr(16)  # flag bit (scratch only): this position ends the accepted prefix
+INDEPENDENT = tl.constexpr(ref.NEXT_DRAFTS.index("independent"))
+MAXIMAL = tl.constexpr(ref.NEXT_DRAFTS.index("maximal"))
+GUMBEL = tl.constexpr(ref.NEXT_DRAFTS.index("gumbel"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -86,6 +102,7 @@ def gumbel_uniforms(v0, pos, row_id, k0, k1, BLOCK: tl.constexpr):
     bits = tl.reshape(tl.join(tl.join(l0, l2), tl.join(l1, l3)), [BLOCK])
     return uniform(bits)
 
+
 # ----------------------------------------------------------------------------------------------------------------
 # Shared per-chunk helpers
 # ----------------------------------------------------------------------------------------------------------------
@@ -118,6 +135,65 @@ def chunk_cdf(w, carry, offs, BLOCK: tl.constexpr):
     cdf = carry + tl.cumsum(w, 0)
     last = tl.sum(tl.where(offs == BLOCK - 1, cdf, 0.0), 0)
     return cdf, last
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One window position: its draft, the acceptance rule, its outputs
+# ----------------------------------------------------------------------------------------------------------------
+@triton.jit
+def window_draft(draft_ptr, s_db, s_dl, start_ptr, s_start, b, i, V):
+    """(x, bad_tok, has_draft, committed) of window position i of row b; x is -1 without a usable draft."""
+    x = tl.load(draft_ptr + b * s_db + i * s_dl).to(tl.int64)
+    bad_tok = (x < -1) | (x >= V)
+    x = tl.where(bad_tok, -1, x)
+    committed = i < tl.load(start_ptr + b * s_start)
+    return x, bad_tok, x >= 0, committed
+
+
+@triton.jit
+def acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, MODE_CSD: tl.constexpr):
+    """(a(x), strict a(x)) as reference.acceptance_probability: 0 where q(x) = 0."""
+    pos_ok = q_x > 0
+    ratio = tl.where(pos_ok, p_x / tl.where(pos_ok, q_x, 1.0), 0.0)
+    strict_a = tl.minimum(ratio, 1.0)
+    if MODE_CSD:
+        a = tl.minimum(tl.where(tvd < tvd_threshold, tl.where(pos_ok, ratio + entropy_coef * h, 0.0), ratio), 1.0)
+    else:
+        a = strict_a
+    return a, strict_a
+
+
+@triton.jit
+def gated_distortion(p, q, lambda_h):
+    """Per-token term of the closed-form distortion with the csd gate open, division free: q·a − min(p, q) with
+    a = min(1, p/q + λH) is min(q − p, λH·q) where p < q and 0 elsewhere (0 with the gate closed)."""
+    return tl.where(p < q, tl.minimum(q - p, lambda_h * q), 0.0)
+
+
+@triton.jit
+def inverse_cdf(w, offs, mask, u, V, BLOCK: tl.constexpr):
+    """First index whose running sum of w passes u·Σw (the last positive weight if rounding overshoots)."""
+    cdf, total = chunk_cdf(w, 0.0, offs, BLOCK)
+    first = tl.min(tl.where(mask & (cdf > u * total), offs, BLOCK), 0)
+    return tl.where(first < V, first, tl.max(tl.where(w > 0, offs, -1), 0))
+
+
+@triton.jit
+def store_position(out, bad, bad_tok, bad_q, committed, has_draft, accepted, h, tvd, a, dist, resampled, later,
+                   ent_ptr, tvd_ptr, acc_ptr, dist_ptr, res_ptr, later_ptr, flags_ptr):
+    """The statistics (NaN where the logits were bad), the status flags and both draws of position ``out``."""
+    nan = float("nan")
+    tl.store(ent_ptr + out, tl.where(bad, nan, h))
+    tl.store(tvd_ptr + out, tl.where(bad, nan, tvd))
+    tl.store(acc_ptr + out, tl.where(bad, nan, a))
+    tl.store(dist_ptr + out, tl.where(bad, nan, dist))
+    stop = (~accepted & ~committed) | bad
+    flags = (tl.where(bad, S_BAD_LOGITS, 0) | tl.where(bad_tok, S_BAD_TOKEN, 0)
+             | tl.where(bad_q, S_BAD_PROBS, 0) | tl.where(committed & ~has_draft, S_MISSING, 0)
+             | tl.where(stop, F_STOP, 0))
+    tl.store(flags_ptr + out, flags.to(tl.int32))
+    tl.store(res_ptr + out, resampled.to(tl.int32))
+    tl.store(later_ptr + out, later.to(tl.int32))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -21,17 +21,19 @@ import triton
 import triton.language as tl
 
 from .common import (
-    F_STOP,
-    S_BAD_LOGITS,
-    S_BAD_PROBS,
-    S_BAD_TOKEN,
-    S_MISSING,
+    GUMBEL,
+    INDEPENDENT,
+    MAXIMAL,
+    acceptance,
+    gated_distortion,
     gumbel_uniforms,
     load_mix,
     nonfinite,
     position_rng,
     row_epilogue,
     row_key,
+    store_position,
+    window_draft,
 )
 
 N_STATS: tl.constexpr = tl.constexpr(4)  # m_s, Z_s, S1_s, gumbel best        (+ int: bad flag, argmax index)
@@ -58,6 +60,7 @@ def split_stats_kernel(
     HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, GUMBEL: tl.constexpr, PER_ROW_SEED: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
+    """Grid (B·L·S,): the slice statistics. Parameters: common.py."""
     pid, position, n_split, s, b, i, offs, mask = _split_coords(L, V, BLOCK_V)
     # the counters of split_finish_kernel, zeroed here so that a launch (or a CUDA-graph replay) needs no memset
     tl.store(position_count_ptr + position, 0, mask=s == 0)
@@ -211,15 +214,14 @@ def split_finish_kernel(
     NEXT_DRAFTS: tl.constexpr, RETURN_PROBS: tl.constexpr, PER_ROW_SEED: tl.constexpr,
     BLOCK_V: tl.constexpr, S_BLOCK: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
+    """Grid (B·L·S,), after split_stats_kernel. Parameters: common.py, plus the workspaces of the module docstring."""
     pid, position, n_split, s, b, i, offs, mask = _split_coords(L, V, BLOCK_V)
     bad, m, inv_z, h, amax, gumbel_later = _combine_stats(stats_ptr, index_ptr, position, n_split, V, GREEDY,
-                                                          NEXT_DRAFTS == 2, S_BLOCK)
+                                                          NEXT_DRAFTS == GUMBEL, S_BLOCK)
     c_row = logits_ptr + b * s_cb + i * s_cl
     u_row = uncond_ptr + b * s_ub + i * s_ul
     q_row = q_ptr + b * s_qb + i * s_ql
-    x = tl.load(draft_ptr + b * s_db + i * s_dl).to(tl.int64)
-    bad_tok = (x < -1) | (x >= V)
-    x = tl.where(bad_tok, -1, x)
+    x, bad_tok, has_draft, committed = window_draft(draft_ptr, s_db, s_dl, start_ptr, s_start, b, i, V)
 
     # ---- this slice's sums
     p = _slice_p(c_row, u_row, offs, mask, bad, m, inv_z, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
@@ -229,9 +231,7 @@ def split_finish_kernel(
     tl.store(sums_ptr + pid * N_SUMS + 0, tl.sum(tl.abs(p - q), 0))
     tl.store(sums_ptr + pid * N_SUMS + 1, tl.sum(tl.maximum(p - q, 0.0), 0))
     tl.store(sums_ptr + pid * N_SUMS + 2, tl.sum(p, 0))
-    if MODE_CSD:
-        if HAS_Q:
-            tl.store(sums_ptr + pid * N_SUMS + 3, tl.sum(tl.where(p < q, tl.minimum(q - p, entropy_coef * h * q), 0.0), 0))
+    tl.store(sums_ptr + pid * N_SUMS + 3, tl.sum(gated_distortion(p, q, entropy_coef * h), 0))
     tl.store(bad_q_ptr + pid, bad_q)
 
     # ---- the last program of the position to arrive finishes it
@@ -247,8 +247,6 @@ def split_finish_kernel(
         bad_q_row = tl.max(tl.load(bad_q_ptr + position * n_split + sv, mask=smask, other=0, cache_modifier=".cg"), 0) > 0
         tvd = tl.where(bad_q_row, 0.5 * p_total, 0.5 * abs_diff)
 
-        has_draft = x >= 0
-        committed = i < tl.load(start_ptr + b * s_start)
         x_safe = tl.maximum(x, 0)
         if GREEDY:
             p_x = tl.where(x_safe == amax, 1.0, 0.0)
@@ -262,21 +260,11 @@ def split_finish_kernel(
             q_x = tl.where(has_draft, 1.0, 0.0)
         p_x = tl.where(has_draft, p_x, 0.0)
 
-        pos_ok = q_x > 0
-        ratio = tl.where(pos_ok, p_x / tl.where(pos_ok, q_x, 1.0), 0.0)
-        strict_a = tl.minimum(ratio, 1.0)
-        if MODE_CSD:
-            gate = tvd < tvd_threshold
-            a = tl.minimum(tl.where(gate, tl.where(pos_ok, ratio + entropy_coef * h, 0.0), ratio), 1.0)
-            if HAS_Q:
-                gated = tl.sum(tl.load(sums + 3, mask=smask, other=0.0, cache_modifier=".cg"), 0)
-                dist = tl.where(gate & ~bad_q_row, gated, 0.0)
-            else:
-                dist = tl.maximum(a - p_x, 0.0)
-            dist = tl.where(has_draft, dist, 0.0)
-        else:
-            a = strict_a
-            dist = tl.zeros_like(h)
+        a, strict_a = acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, MODE_CSD)
+        dist = tl.zeros_like(h)
+        if MODE_CSD:  # the slices summed the gated terms; a flagged q counts as the zero vector
+            gated = tl.sum(tl.load(sums + 3, mask=smask, other=0.0, cache_modifier=".cg"), 0)
+            dist = tl.where(has_draft & (tvd < tvd_threshold) & ~bad_q_row, gated, 0.0)
 
         _pos, _row_id, _k0, _k1, u_acc, u_smp = position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
                                                              offset_ptr + b * offset_stride, b, i, PER_ROW_SEED)
@@ -285,29 +273,18 @@ def split_finish_kernel(
         totals = sums_ptr + tl.where(use_r, 1, 2)
         resampled = _slice_search(totals, position, n_split, u_smp, c_row, u_row, q_row, s_qv, x, bad, m, inv_z, amax,
                                   cfg_scale, inv_t, V, use_r, HAS_UNCOND, HAS_Q, GREEDY, BLOCK_V, S_BLOCK)
-        if NEXT_DRAFTS == 0:
+        if NEXT_DRAFTS == INDEPENDENT:
             later = resampled
             if use_r:  # with use_r false both draws are the same draw from p
                 later = _slice_search(sums_ptr + 2, position, n_split, u_smp, c_row, u_row, q_row, s_qv, x, bad, m,
                                       inv_z, amax, cfg_scale, inv_t, V, False, HAS_UNCOND, HAS_Q, GREEDY, BLOCK_V,
                                       S_BLOCK)
-        elif NEXT_DRAFTS == 1:
+        elif NEXT_DRAFTS == MAXIMAL:
             later = tl.where(has_draft & (u_acc < strict_a), x.to(tl.int32), resampled.to(tl.int32))
         else:
             later = gumbel_later
-
-        nan = float("nan")
-        tl.store(ent_ptr + position, tl.where(bad, nan, h))
-        tl.store(tvd_ptr + position, tl.where(bad, nan, tvd))
-        tl.store(acc_ptr + position, tl.where(bad, nan, a))
-        tl.store(dist_ptr + position, tl.where(bad, nan, dist))
-        stop = (~accepted & ~committed) | bad
-        flags = (tl.where(bad, S_BAD_LOGITS, 0) | tl.where(bad_tok, S_BAD_TOKEN, 0)
-                 | tl.where(bad_q_row, S_BAD_PROBS, 0) | tl.where(committed & ~has_draft, S_MISSING, 0)
-                 | tl.where(stop, F_STOP, 0))
-        tl.store(flags_ptr + position, flags.to(tl.int32))
-        tl.store(res_ptr + position, resampled.to(tl.int32))
-        tl.store(later_ptr + position, later.to(tl.int32))
+        store_position(position, bad, bad_tok, bad_q_row, committed, has_draft, accepted, h, tvd, a, dist, resampled,
+                       later, ent_ptr, tvd_ptr, acc_ptr, dist_ptr, res_ptr, later_ptr, flags_ptr)
 
         # ---- the last position of the row to finish writes the row
         tl.debug_barrier()
