@@ -5,8 +5,12 @@
 //   -DCSD_WITH_CUDA) CUDA implementation in csrc/cuda/verify_glue.cpp. The Python fake (meta) implementation and
 //   the user-facing wrapper are registered on the Python side.
 #include <ATen/ATen.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
+
+#include <map>
+#include <string>
 
 #include "../csrc/philox.h"
 #include "../csrc/verify_glue.h"
@@ -111,6 +115,15 @@ bool has_cuda() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "csd_kernels compiled kernels (torch.ops.csd_kernels.verify_rows) and Philox helpers";
   m.def("has_cuda", &has_cuda, "True when the extension was built with its CUDA kernel");
+  m.def(
+      "status_bits",
+      [] {
+        return std::map<std::string, int32_t>{{"bad_logits", csd::kStatusBadLogits},
+                                              {"bad_draft_token", csd::kStatusBadDraftToken},
+                                              {"bad_draft_probs", csd::kStatusBadDraftProbs},
+                                              {"missing_committed_token", csd::kStatusMissingCommittedToken}};
+      },
+      "The per-row status bits of verify_rows (the tests hold them to reference.STATUS_*)");
   m.def("philox4x32", &philox4x32, "Philox4x32-10 of uint32 values in int64 tensors -> 4 int64 tensors",
         pybind11::arg("c0"), pybind11::arg("c1"), pybind11::arg("c2"), pybind11::arg("c3"), pybind11::arg("k0"),
         pybind11::arg("k1"));

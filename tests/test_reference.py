@@ -254,3 +254,17 @@ def test_reference_creates_no_tensor_off_the_inputs_device(next_drafts):
                    positions=torch.zeros(batch, dtype=torch.int64, **meta), seed=torch.zeros(1, dtype=torch.int64, **meta),
                    offset=torch.zeros(1, dtype=torch.int64, **meta))
     assert out.tokens.device.type == "meta"
+
+
+def test_status_bits_are_one_definition():
+    """reference.STATUS_* is the definition: the Triton kernels import it, the C++ extension must agree."""
+    from csd_kernels.dispatch import compiled_extension
+
+    expected = {"bad_logits": R.STATUS_BAD_LOGITS, "bad_draft_token": R.STATUS_BAD_DRAFT_TOKEN,
+                "bad_draft_probs": R.STATUS_BAD_DRAFT_PROBS,
+                "missing_committed_token": R.STATUS_MISSING_COMMITTED_TOKEN}
+    assert sorted(expected.values()) == [1, 2, 4, 8]
+    extension = compiled_extension()
+    if extension is None:
+        pytest.skip("the C++ extension is not built")
+    assert extension.status_bits() == expected
