@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from .llamagen import ImageGPT
-from .lumina import LuminaMGPT
+from .lumina import LUMINA_DEFAULTS, LuminaMGPT, load_lumina_mgpt, lumina_grid, lumina_prompt
 from .janus import JanusAdapter
 from .protocol import ImageAdapter, is_adapter
 
-__all__ = ["ImageAdapter", "ImageGPT", "JanusAdapter", "LuminaMGPT", "get_adapter", "is_adapter"]
+__all__ = ["ImageAdapter", "ImageGPT", "JanusAdapter", "LUMINA_DEFAULTS", "LuminaMGPT", "get_adapter", "is_adapter",
+           "load_lumina_mgpt", "lumina_grid", "lumina_prompt"]
 
 
 def get_adapter(model):
