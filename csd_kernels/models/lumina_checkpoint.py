@@ -321,7 +321,8 @@ def load_lumina_chameleon(path: Union[str, os.PathLike], *, dtype: Optional[torc
     ValueError, naming keys and shapes, for anything the rules of this module do not cover."""
     path = Path(path)
     if not path.is_dir():
-        raise ValueError(f"{path}: not a directory (pass a Lumina-mGPT checkpoint folder: config.json + safetensors)")
+        raise ValueError(f"{path}: not a directory (pass a Lumina-mGPT checkpoint folder: config.json + safetensors; "
+                         "for a hub id, download it first, e.g. huggingface_hub.snapshot_download(repo_id))")
     if not (path / "config.json").is_file():
         raise ValueError(f"{path}: no config.json")
     raw = _read_json(path / "config.json")
