@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from .llamagen import ImageGPT
-from .lumina import LuminaMGPT
 from .janus import JANUS_DEFAULTS, JanusAdapter, janus_prompt
+from .lumina import LUMINA_DEFAULTS, LuminaMGPT, load_lumina_mgpt, lumina_grid, lumina_prompt
 from .protocol import ImageAdapter, is_adapter
 
-__all__ = ["ImageAdapter", "ImageGPT", "JANUS_DEFAULTS", "JanusAdapter", "LuminaMGPT", "get_adapter", "is_adapter",
-           "janus_prompt"]
+__all__ = ["ImageAdapter", "ImageGPT", "JANUS_DEFAULTS", "JanusAdapter", "LUMINA_DEFAULTS", "LuminaMGPT", "get_adapter",
+           "is_adapter", "janus_prompt", "load_lumina_mgpt", "lumina_grid", "lumina_prompt"]
 
 
 def get_adapter(model):
