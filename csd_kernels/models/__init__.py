@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .llamagen import ImageGPT
+from .image_gpt import ImageGPT
 from .lumina import LuminaMGPT
 from .janus import JanusAdapter
 from .protocol import ImageAdapter, is_adapter
