@@ -5,9 +5,12 @@ from __future__ import annotations
 from .image_gpt import ImageGPT
 from .lumina import LuminaMGPT
 from .janus import JanusAdapter
+from .llamagen import LlamaGenAdapter, load_llamagen
+from .llamagen.gpt import Transformer as _LlamaGenTransformer
 from .protocol import ImageAdapter, is_adapter
 
-__all__ = ["ImageAdapter", "ImageGPT", "JanusAdapter", "LuminaMGPT", "get_adapter", "is_adapter"]
+__all__ = ["ImageAdapter", "ImageGPT", "JanusAdapter", "LlamaGenAdapter", "LuminaMGPT", "get_adapter", "is_adapter",
+           "load_llamagen"]
 
 
 def get_adapter(model):
@@ -19,9 +22,12 @@ def get_adapter(model):
         return JanusAdapter(model)
     if name == "ChameleonForConditionalGeneration":
         return LuminaMGPT(model)
+    if isinstance(model, _LlamaGenTransformer):
+        return LlamaGenAdapter(model)
     raise ValueError(
         f"no csd_kernels adapter can drive a {name}: pass a JanusForConditionalGeneration, a "
         "ChameleonForConditionalGeneration (Lumina-mGPT layout, or csd_kernels.models.LuminaMGPT(model, ...)), "
+        "a LlamaGen checkpoint loaded by csd_kernels.models.load_llamagen(...), "
         "a causal LM wrapped in csd_kernels.models.ImageGPT(lm, image_token_range=..., grid=..., null_token_id=...), "
         "or any object implementing csd_kernels.models.ImageAdapter"
     )
