@@ -104,15 +104,36 @@ def _row_seeds(seed, batch: int) -> torch.Tensor:
     return seeds
 
 
-def _check_args(input_ids, mode, window, temperature, top_k, draft_init, coupling, max_lead=None):
+def _check_prompt(input_ids, prompt_embeds) -> int:
+    """Exactly one of input_ids [B, S] (integer) / prompt_embeds [B, S, C] (floating); returns B."""
+    if (input_ids is None) == (prompt_embeds is None):
+        raise ValueError("pass exactly one of input_ids and prompt_embeds")
+    if prompt_embeds is not None:
+        prompt = prompt_embeds
+        if not isinstance(prompt, torch.Tensor) or prompt.ndim != 3 or not prompt.is_floating_point():
+            raise ValueError("prompt_embeds must be a [B, S, C] floating-point tensor")
+    else:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
+            raise ValueError("input_ids must be a [B, S] integer tensor")
+        if input_ids.is_floating_point():
+            raise ValueError("input_ids must hold integer token ids")
+        prompt = input_ids
+    if prompt.shape[0] < 1 or prompt.shape[1] < 1:
+        raise ValueError(f"the prompt must be non-empty [B >= 1, S >= 1, ...], got shape {tuple(prompt.shape)}")
+    return int(prompt.shape[0])
+
+
+def _prefill(adapter, input_ids, prompt_embeds, attention_mask, cfg: bool) -> int:
+    if prompt_embeds is None:
+        return adapter.prefill(input_ids, attention_mask, cfg)
+    if not callable(getattr(adapter, "prefill_embeds", None)):
+        raise ValueError(f"{type(adapter).__name__} takes input_ids, not prompt_embeds")
+    return adapter.prefill_embeds(prompt_embeds, attention_mask, cfg)
+
+
+def _check_args(mode, window, temperature, top_k, draft_init, coupling, max_lead=None):
     if max_lead is not None and (isinstance(max_lead, bool) or not isinstance(max_lead, int) or max_lead < 0):
         raise ValueError(f"max_lead must be None or an int >= 0, got {max_lead!r}")
-    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
-        raise ValueError("input_ids must be a [B, S] integer tensor")
-    if input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
-        raise ValueError(f"input_ids must be a non-empty prompt [B >= 1, S >= 1], got shape {tuple(input_ids.shape)}")
-    if input_ids.is_floating_point():
-        raise ValueError("input_ids must hold integer token ids")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
@@ -135,8 +156,9 @@ def _check_args(input_ids, mode, window, temperature, top_k, draft_init, couplin
 @torch.no_grad()
 def generate(
     model,
-    input_ids: torch.Tensor,
+    input_ids: Optional[torch.Tensor] = None,
     *,
+    prompt_embeds: Optional[torch.Tensor] = None,
     attention_mask: Optional[torch.Tensor] = None,
     mode: str = "csd",
     window: int = 16,
@@ -158,8 +180,11 @@ def generate(
     """Generate images with speculative Jacobi decoding (see the module docstring).
 
     model: a JanusForConditionalGeneration, a ChameleonForConditionalGeneration (Lumina-mGPT layout), an
-    ImageGPT-wrapped causal LM, or any csd_kernels.models.ImageAdapter. input_ids [B, S] (left-padded with
-    attention_mask when prompts differ in length). seed: int s (row b gets s + b) or B per-row seeds.
+    ImageGPT-wrapped causal LM, a LlamaGen adapter (csd_kernels.models.load_llamagen), or any
+    csd_kernels.models.ImageAdapter. input_ids [B, S] (left-padded with attention_mask when prompts differ in
+    length), or instead prompt_embeds [B, S, C] for adapters that take embedded prompts (they implement
+    ``prefill_embeds``, e.g. LlamaGen t2i caption features; ValueError for the others). seed: int s (row b gets
+    s + b) or B per-row seeds.
     cfg_scale = 1 runs no unconditional rows. group_rank / group_delta: the GSD group (k, δ).
     sync_timings: on CUDA, synchronise around the timed phases (otherwise host-side times: asynchronous model work
     is then attributed to verify, where the loop waits for accept_len).
@@ -168,9 +193,9 @@ def generate(
     positions. 0 = only the rows with the fewest committed tokens advance; None = DEFAULT_MAX_LEAD_FACTOR·window.
     The tokens do not depend on max_lead, only forward_passes and the forward lengths do.
     """
-    _check_args(input_ids, mode, window, temperature, top_k, draft_init, coupling, max_lead)
+    batch = _check_prompt(input_ids, prompt_embeds)
+    _check_args(mode, window, temperature, top_k, draft_init, coupling, max_lead)
     adapter = get_adapter(model)
-    batch = int(input_ids.shape[0])
     height, width = adapter.grid
     total = height * width
     vocab = adapter.vocab_size
@@ -186,7 +211,7 @@ def generate(
 
     t_start = time.perf_counter()
     t_model = t_verify = 0.0
-    prefill_passes = adapter.prefill(input_ids, attention_mask, cfg_scale != 1.0)
+    prefill_passes = _prefill(adapter, input_ids, prompt_embeds, attention_mask, cfg_scale != 1.0)
     sync()
     t_model += time.perf_counter() - t_start
 

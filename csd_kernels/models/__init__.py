@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from .llamagen import ImageGPT
+from .image_gpt import ImageGPT
 from .janus import JANUS_DEFAULTS, JanusAdapter, janus_prompt
+from .llamagen import LlamaGenAdapter, load_llamagen
+from .llamagen.gpt import Transformer as _LlamaGenTransformer
 from .lumina import LUMINA_DEFAULTS, LuminaMGPT, load_lumina_mgpt, lumina_grid, lumina_prompt
 from .protocol import ImageAdapter, is_adapter
 
-__all__ = ["ImageAdapter", "ImageGPT", "JANUS_DEFAULTS", "JanusAdapter", "LUMINA_DEFAULTS", "LuminaMGPT", "get_adapter",
-           "is_adapter", "janus_prompt", "load_lumina_mgpt", "lumina_grid", "lumina_prompt"]
+__all__ = ["ImageAdapter", "ImageGPT", "JANUS_DEFAULTS", "JanusAdapter", "LUMINA_DEFAULTS", "LlamaGenAdapter",
+           "LuminaMGPT", "get_adapter", "is_adapter", "janus_prompt", "load_llamagen", "load_lumina_mgpt",
+           "lumina_grid", "lumina_prompt"]
 
 
 def get_adapter(model):
@@ -20,9 +23,12 @@ def get_adapter(model):
         return JanusAdapter(model)
     if name == "ChameleonForConditionalGeneration":
         return LuminaMGPT(model)
+    if isinstance(model, _LlamaGenTransformer):
+        return LlamaGenAdapter(model)
     raise ValueError(
         f"no csd_kernels adapter can drive a {name}: pass a JanusForConditionalGeneration, a "
         "ChameleonForConditionalGeneration (Lumina-mGPT layout, or csd_kernels.models.LuminaMGPT(model, ...)), "
+        "a LlamaGen checkpoint loaded by csd_kernels.models.load_llamagen(...), "
         "a causal LM wrapped in csd_kernels.models.ImageGPT(lm, image_token_range=..., grid=..., null_token_id=...), "
         "or any object implementing csd_kernels.models.ImageAdapter"
     )

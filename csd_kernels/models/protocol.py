@@ -17,6 +17,10 @@ inserts in between). So:
 
 An adapter is stateful (it holds the KV cache of the current generation); :func:`csd_kernels.generate` calls
 ``prefill`` once per generation.
+
+Optional: an adapter whose prompts are embeddings rather than token ids (LlamaGen t2i: caption features) implements
+``prefill_embeds(prompt_embeds [B, S, C], attention_mask [B, S] or None, cfg) -> model calls``, with the same
+contract as ``prefill``; ``generate(model, prompt_embeds=...)`` calls it instead of ``prefill``.
 """
 
 from __future__ import annotations
