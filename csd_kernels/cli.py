@@ -1,6 +1,9 @@
 """The ``csd`` command (also ``python -m csd_kernels``).
 
     csd generate --model digits --prompt 7 --mode csd --num 16 --seed 0 --out out/
+    csd generate --model llamagen --weights c2i_B_256.pt --config GPT-B --vq vq_ds16_c2i.pt --prompt 207
+    csd generate --model lumina-mgpt --weights DIR --prompt "a red fox in the snow"
+    csd generate --model janus-pro --weights DIR --prompt "a red fox in the snow"
     csd compare  --model digits --prompt 7 --num 64
     csd bench
     csd run      --model digits --prompts prompts.txt --modes ar,sjd,csd --out DIR   (also under torchrun)
@@ -18,7 +21,9 @@ from typing import Optional
 import numpy as np
 import torch
 
+from . import zoo
 from .decoding import COUPLINGS, DRAFT_INITS, MODES, generate
+from .usage import UsageError, writable_dir
 
 # The rows of `csd compare`: (label, mode, coupling).
 COMPARE_RUNS = [
@@ -31,56 +36,41 @@ COMPARE_RUNS = [
     ("csd+maximal", "csd", "maximal"),
     ("csd+gumbel", "csd", "gumbel"),
 ]
-
-
-class UsageError(ValueError):
-    """A bad command line: printed as one line and exit status 2."""
+_MODEL_OPTIONS = ("weights", "config", "vq", "image_size", "size", "dtype")  # zoo.load keywords, one flag each
+# generate() keywords taken from the command line; unset ones fall back to the model's defaults
+_GENERATE_OPTIONS = ("window", "cfg_scale", "temperature", "top_k", "entropy_coef", "tvd_threshold", "draft_init",
+                     "backend")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------------------------------
-def _writable_dir(path: str) -> str:
+def model_options(args) -> dict:
+    return {name: getattr(args, name, None) for name in _MODEL_OPTIONS}
+
+
+def _load(args):
+    """The model of --model and its options; every failure is one line (UsageError)."""
     try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--out {path}: cannot create the folder ({exc.strerror})") from exc
-    if not os.access(path, os.W_OK):
-        raise UsageError(f"--out {path}: the folder is not writable")
-    return path
+        return zoo.load(args.model, device=getattr(args, "device", None), **model_options(args))
+    except (ValueError, OSError) as exc:
+        raise UsageError(str(exc)) from exc
 
 
-def _load(name: str):
-    from . import zoo
-
-    if name not in zoo.MODEL_NAMES:
-        raise UsageError(f"--model {name!r}: unknown model; choose from {', '.join(zoo.MODEL_NAMES)}")
-    return zoo.load(name)
-
-
-def _input_ids(entry, prompt: str, num: int) -> torch.Tensor:
+def _prompt_inputs(entry, prompt: str, num: int) -> dict:
     try:
-        return entry.prompt_ids([prompt] * num)
+        return entry.prompt_inputs([prompt] * num)
     except ValueError as exc:
         raise UsageError(f"--prompt: {exc}") from exc
 
 
 def _generate_kwargs(args, entry) -> dict:
     kwargs = dict(entry.defaults)
-    for name in ("window", "cfg_scale", "temperature", "top_k", "entropy_coef", "tvd_threshold", "draft_init", "backend"):
+    for name in _GENERATE_OPTIONS:
         value = getattr(args, name, None)
         if value is not None:
             kwargs[name] = value
     return kwargs
-
-
-def passes_per_row(out) -> np.ndarray:
-    """[B] forward passes each row needed: the passes in which it still committed tokens.
-
-    The loop gives every row its own window, so this is the count the row would need if generated alone.
-    """
-    committed = np.asarray(out.accepted)  # [passes, B]
-    return (committed > 0).sum(0)
 
 
 def _save_png(array: np.ndarray, path: str, scale: int = 1) -> None:
@@ -128,23 +118,18 @@ def _save_maps(out, path: str, columns: int) -> None:
 # commands
 # ----------------------------------------------------------------------------------------------------------------------
 def cmd_generate(args) -> dict:
-    entry = _load(args.model)
-    out_dir = _writable_dir(args.out)
-    input_ids = _input_ids(entry, args.prompt, args.num)
+    out_dir = writable_dir(args.out)
+    entry = _load(args)
+    inputs = _prompt_inputs(entry, args.prompt, args.num)
     kwargs = _generate_kwargs(args, entry)
     begin = time.perf_counter()
-    out = generate(entry.model, input_ids, mode=args.mode, coupling=args.coupling, seed=args.seed,
+    out = generate(entry.model, **inputs, mode=args.mode, coupling=args.coupling, seed=args.seed,
                    progress=not args.quiet, **kwargs)
     wall = time.perf_counter() - begin
-    if out.images is None:
-        raise UsageError(f"--model {args.model}: this model has no pixel decoder")
-    images = out.images.cpu().numpy()
-    columns = int(np.ceil(np.sqrt(len(images))))
-    for index, image in enumerate(images):
-        _save_png(image, os.path.join(out_dir, f"img_{index:03d}.png"))
-    _save_png(_tile(images, columns), os.path.join(out_dir, "grid.png"), scale=4)
+    columns = int(np.ceil(np.sqrt(args.num)))
+    _write_images(out, out_dir, columns)
     _save_maps(out, os.path.join(out_dir, "maps.png"), columns)
-    per_row = passes_per_row(out)
+    per_row = out.passes_per_row()
     tokens = out.tokens.shape[1]
     stats = {
         "model": args.model, "prompt": args.prompt, "mode": args.mode, "num": args.num, "seed": args.seed,
@@ -168,6 +153,19 @@ def cmd_generate(args) -> dict:
     return stats
 
 
+def _write_images(out, out_dir: str, columns: int) -> None:
+    """img_NNN.png and grid.png; without a pixel decoder, tokens.json (the image part in the model's own layout)."""
+    if out.images is None:
+        with open(os.path.join(out_dir, "tokens.json"), "w") as f:
+            json.dump(out.sequences.cpu().tolist(), f)
+        print(f"no pixel decoder for this model: wrote the image tokens to {os.path.join(out_dir, 'tokens.json')}")
+        return
+    images = out.images.cpu().numpy()
+    for index, image in enumerate(images):
+        _save_png(image, os.path.join(out_dir, f"img_{index:03d}.png"))
+    _save_png(_tile(images, columns), os.path.join(out_dir, "grid.png"), scale=4)
+
+
 def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, generate_kwargs=None,
                 progress: bool = False) -> dict:
     """Every run of ``runs`` on the same prompts and seeds; per run, the mean and spread over seeds.
@@ -175,16 +173,16 @@ def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, 
     Seed s gives row b the seed s·len(prompts) + b, so the repeats never share a random stream.
     """
     num = len(prompts)
-    input_ids = entry.prompt_ids(prompts)
+    inputs = entry.prompt_inputs(prompts)
     generate_kwargs = dict(entry.defaults, **(generate_kwargs or {}))
     results, samples = {}, {}
     for label, mode, coupling in runs:
         per_seed = []
         for seed in seeds:
             begin = time.perf_counter()
-            out = generate(entry.model, input_ids, mode=mode, coupling=coupling, seed=seed * num, progress=progress,
+            out = generate(entry.model, **inputs, mode=mode, coupling=coupling, seed=seed * num, progress=progress,
                            **generate_kwargs)
-            record = {"passes": float(passes_per_row(out).mean()), "wall": time.perf_counter() - begin,
+            record = {"passes": float(out.passes_per_row().mean()), "wall": time.perf_counter() - begin,
                       "distortion": float(torch.nan_to_num(out.distortion_map, nan=0.0).mean())}
             if entry.quality is not None:
                 record.update(entry.quality(out.tokens, prompts))
@@ -217,9 +215,9 @@ def format_compare(results: dict) -> str:
 
 
 def cmd_compare(args) -> dict:
-    entry = _load(args.model)
-    out_dir = _writable_dir(args.out)
-    _input_ids(entry, args.prompt, 1)  # a bad prompt fails before any work
+    out_dir = writable_dir(args.out)
+    entry = _load(args)
+    _prompt_inputs(entry, args.prompt, 1)  # a bad prompt fails before any work
     seeds = list(range(args.seeds))
     report = run_compare(entry, [args.prompt] * args.num, seeds, generate_kwargs=_generate_kwargs(args, entry),
                          progress=not args.quiet)
@@ -240,7 +238,7 @@ def cmd_compare(args) -> dict:
 def cmd_bench(args) -> list:
     from . import bench
 
-    out_dir = _writable_dir(args.out)
+    out_dir = writable_dir(args.out)
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no GPU is visible to torch")
@@ -253,17 +251,35 @@ def cmd_bench(args) -> list:
     return rows
 
 
-def cmd_run(args):
-    from .distributed import cmd_run as run_command
+def cmd_run(args) -> Optional[dict]:
+    from .runner import run
 
-    return run_command(args)
+    generate_kwargs = {name: getattr(args, name, None) for name in _GENERATE_OPTIONS}
+    return run(args.model, args.prompts, args.modes, args.out, seed=args.seed, batch_size=args.batch_size,
+               coupling=args.coupling, generate_kwargs=generate_kwargs, quiet=args.quiet,
+               num_threads=args.num_threads, model_options=model_options(args))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # argument parsing
 # ----------------------------------------------------------------------------------------------------------------------
+def add_model_options(parser: argparse.ArgumentParser, device: bool = True) -> None:
+    """--model and the local checkpoint it runs (see csd_kernels.zoo.checkpoints)."""
+    parser.add_argument("--model", default="digits", help=f"one of {', '.join(zoo.MODEL_NAMES)} (default: digits)")
+    parser.add_argument("--weights", help="llamagen: the GPT .pt; lumina-mgpt / janus-pro: the checkpoint folder")
+    parser.add_argument("--config", help="llamagen: the upstream model name (GPT-B, GPT-L, GPT-XL, ...) or a JSON file "
+                                         "of its ModelArgs fields")
+    parser.add_argument("--vq", help="llamagen: the VQ checkpoint (vq_ds16_c2i.pt), for pixels")
+    parser.add_argument("--image-size", dest="image_size", type=int,
+                        help="llamagen: the checkpoint's resolution (default: read from a _256/_384 in its name)")
+    parser.add_argument("--size", help="lumina-mgpt: image size in pixels, 768 or WIDTHxHEIGHT (default 768)")
+    parser.add_argument("--dtype", help="bfloat16 / float16 / float32 (default: bfloat16 on a GPU, float32 on a CPU)")
+    if device:
+        parser.add_argument("--device", help="cuda, cuda:1, cpu (default: the GPU when one is visible)")
+
+
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
-    """The generate() settings every command takes; unset ones fall back to the zoo model's defaults."""
+    """The generate() settings every command takes; unset ones fall back to the model's defaults."""
     parser.add_argument("--window", type=int, help="Jacobi window (default 16)")
     parser.add_argument("--cfg-scale", dest="cfg_scale", type=float, help="classifier-free guidance scale")
     parser.add_argument("--temperature", type=float)
@@ -275,8 +291,8 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_sampling(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="digits", help="a zoo model (default: digits)")
-    parser.add_argument("--prompt", required=True, help="the prompt (digits: a class id 0..9)")
+    add_model_options(parser)
+    parser.add_argument("--prompt", required=True, help="the prompt (digits, llamagen: a class id; others: text)")
     parser.add_argument("--num", type=int, default=16, help="images per run (default 16)")
     add_generation_options(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -307,13 +323,27 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="benchmarks/results")
     bench.set_defaults(handler=cmd_bench)
 
-    from .distributed import add_run_arguments
-
     run = commands.add_parser("run", help="sharded, resumable generation of a prompts file over modes "
                                           "(torchrun --nproc-per-node N -m csd_kernels run ...)")
-    add_run_arguments(run)
+    _add_run_arguments(run)
     run.set_defaults(handler=cmd_run)
     return parser
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_options(parser, device=False)  # each rank runs on its own device
+    parser.add_argument("--prompts", required=True, help="prompts file: one prompt per line (digits: a class id 0..9)")
+    parser.add_argument("--modes", default="ar,sjd,csd", help="comma-separated modes (default ar,sjd,csd)")
+    parser.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
+    parser.add_argument("--seed", type=int, default=0, help="global seed (default 0)")
+    parser.add_argument("--batch-size", dest="batch_size", type=int, default=16,
+                        help="images per generate() call on each rank (default 16; does not change the images)")
+    parser.add_argument("--coupling", choices=sorted(COUPLINGS),
+                        help="next drafts of sjd/csd (default: the lossless-tested choice)")
+    add_generation_options(parser)
+    parser.add_argument("--num-threads", dest="num_threads", type=int,
+                        help="torch threads per process (default: CPU cores / processes on this node)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or table")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -322,7 +352,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         args.handler(args)
     except UsageError as exc:
-        print(f"csd {args.command}: error: {exc}", file=sys.stderr)
+        print(f"csd {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line
         return 2
     return 0
 

@@ -48,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from . import reference as R
@@ -87,6 +88,11 @@ class GenerateOutput:
     tvd_map: torch.Tensor  # [B, H, W] TVD(p, q) of the committing step (NaN where there was no draft)
     timings: dict = field(default_factory=dict)  # seconds: model, verify, rest, total
     sequences: Optional[torch.Tensor] = None  # [B, T] the image part in the model's own vocabulary and layout
+
+    def passes_per_row(self) -> np.ndarray:
+        """[B] forward passes each row needed: the passes in which it still committed tokens (every row has its own
+        window, so this is the count the row would need if generated alone)."""
+        return (np.asarray(self.accepted) > 0).sum(0)
 
 
 # ------------------------------------------------------------------------------------------------------------------

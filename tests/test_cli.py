@@ -21,7 +21,7 @@ def digits():
 
 def test_shipped_model_generates_valid_images_for_every_class(digits):
     prompts = [str(c) for c in range(10)]
-    out = ck.generate(digits.model, digits.prompt_ids(prompts), mode="csd", window=16, seed=0, **digits.defaults)
+    out = ck.generate(digits.model, **digits.prompt_inputs(prompts), mode="csd", window=16, seed=0, **digits.defaults)
     assert out.tokens.shape == (10, 256) and out.tokens.min() >= 0 and out.tokens.max() < 512
     assert out.images.shape == (10, 32, 32, 3) and out.images.dtype == torch.uint8
     assert out.forward_passes < 256  # speculative decoding did accept drafts

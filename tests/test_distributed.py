@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from csd_kernels import cli, zoo
-from csd_kernels import distributed as D
+from csd_kernels import runner as D
 from csd_kernels.zoo.digits import model as M
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,48 +1,61 @@
-"""Small, real, CPU-sized models shipped with csd_kernels, by name (``load("digits")``).
+"""The models the ``csd`` command drives, by name: the shipped digits model (``load("digits")``) and local checkpoints
+of the three families (``load("llamagen", weights=..., config=..., vq=...)``, ``load("lumina-mgpt", weights=DIR)``,
+``load("janus-pro", weights=DIR)``; :mod:`.checkpoints`).
 
-A zoo entry bundles what the ``csd`` command needs besides the decoding loop: the model (an adapter
-:func:`csd_kernels.generate` drives), how a prompt on the command line becomes ``input_ids``, the sampling defaults
-the model was tuned for, and — where the model has one — a quality measure of generated images.
+An entry bundles what the command needs besides the decoding loop: the model (an adapter :func:`csd_kernels.generate`
+drives), how prompts on the command line become generate() inputs, the sampling defaults of the family, and — where
+the model has one — a quality measure of generated images.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
-__all__ = ["ZooModel", "MODEL_NAMES", "load"]
+__all__ = ["ZooModel", "MODEL_NAMES", "load", "describe_options"]
 
 
 @dataclass
 class ZooModel:
     name: str
     model: object  # an ImageAdapter (csd_kernels.models)
-    prompt_ids: Callable[[list[str]], torch.Tensor]  # prompts -> input_ids [B, S]; ValueError on a bad prompt
+    prompt_inputs: Callable[[list[str]], dict]  # prompts -> generate() inputs (input_ids [B, S], attention_mask)
     defaults: dict = field(default_factory=dict)  # generate() keyword defaults for this model
     quality: Optional[Callable[[torch.Tensor, list[str]], dict]] = None  # (tokens [B, H*W], prompts) -> metrics
     prompt_help: str = ""
 
 
-def _digits() -> ZooModel:
+def _no_options(name: str, options: dict) -> None:
+    given = sorted(k for k, v in options.items() if v is not None)
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise ValueError(f"--model {name} ships its weights: {flags} do not apply")
+
+
+def _digits(device: Optional[torch.device] = None, **options) -> ZooModel:
+    _no_options("digits", options)
     from ..models import ImageGPT
     from .digits import GRID, NULL_TOKEN_ID, NUM_CLASSES, NUM_CODES, load_codebook, load_lm, prompt_ids, quality
 
     codebook = load_codebook()
-    model = ImageGPT(load_lm(), image_token_range=(0, NUM_CODES), grid=GRID, null_token_id=NULL_TOKEN_ID,
-                     decode=codebook.decode)
+    lm = load_lm() if device is None else load_lm().to(device)
+    model = ImageGPT(lm, image_token_range=(0, NUM_CODES), grid=GRID, null_token_id=NULL_TOKEN_ID,
+                     decode=lambda tokens: codebook.decode(tokens.cpu()))
 
-    def parse(prompts: list[str]) -> torch.Tensor:
+    def parse(prompts: list[str]) -> dict:
         classes = []
         for prompt in prompts:
             text = str(prompt).strip()
             if not text.isdigit() or not 0 <= int(text) < NUM_CLASSES:
                 raise ValueError(f"prompt {prompt!r}: the digits model takes a class id 0..{NUM_CLASSES - 1}")
             classes.append(int(text))
-        return prompt_ids(classes)
+        ids = prompt_ids(classes)
+        return {"input_ids": ids if device is None else ids.to(device)}
 
     def measure(tokens: torch.Tensor, prompts: list[str]) -> dict:
         images = codebook.decode(tokens.cpu())
@@ -69,13 +82,30 @@ def _digits_real_features(classes: tuple[int, ...]) -> np.ndarray:
     return quality.features(x32)
 
 
-_LOADERS = {"digits": _digits}
-MODEL_NAMES = tuple(_LOADERS)
+def _loaders() -> dict:
+    from . import checkpoints
+
+    return {"digits": _digits, "llamagen": checkpoints.llamagen, "lumina-mgpt": checkpoints.lumina_mgpt,
+            "janus-pro": checkpoints.janus_pro}
+
+
+MODEL_NAMES = ("digits", "llamagen", "lumina-mgpt", "janus-pro")
 
 
 @functools.lru_cache(maxsize=None)
-def load(name: str) -> ZooModel:
-    """The zoo model ``name`` (loaded once per process)."""
-    if name not in _LOADERS:
-        raise ValueError(f"unknown model {name!r}; the zoo has {', '.join(MODEL_NAMES)}")
-    return _LOADERS[name]()
+def load(name: str, *, device=None, **options) -> ZooModel:
+    """The model ``name`` (loaded once per process and set of arguments) on ``device`` (default: its own).
+
+    ``options``: ``weights``, ``config``, ``vq``, ``image_size``, ``size``, ``dtype`` where the family takes them
+    (see :mod:`.checkpoints`); ValueError with one line saying what is wrong (unknown name, missing file, a folder
+    that is not such a checkpoint, an option that does not apply).
+    """
+    loaders = _loaders()
+    if name not in loaders:
+        raise ValueError(f"--model {name!r}: unknown model; choose from {', '.join(MODEL_NAMES)}")
+    return loaders[name](device=None if device is None else torch.device(device), **options)
+
+
+def describe_options(options: dict) -> dict:
+    """The options that were given, with absolute paths: what a run records to recognise its model."""
+    return {k: os.path.abspath(v) if k in ("weights", "vq") else v for k, v in sorted(options.items()) if v is not None}

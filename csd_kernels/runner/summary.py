@@ -1,0 +1,73 @@
+"""The summary of a run: per mode, forward passes per image (mean, spread), speed-up against ar, wall time,
+distortion and — for models with a quality measure — accuracy and Fréchet distance; and its table."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["summarize", "format_table", "spread"]
+
+
+def spread(values) -> dict:
+    values = np.asarray(values, dtype=np.float64)
+    return {"mean": float(values.mean()), "std": float(values.std()), "min": float(values.min()),
+            "max": float(values.max())}
+
+
+def summarize(gathered, modes, prompts, entry, manifest, tokens_per_image, world_size, batch_size, wall) -> dict:
+    records = [r for part in gathered for r in part["records"]]
+    by_mode = {mode: sorted((r for r in records if r["mode"] == mode), key=lambda r: r["index"]) for mode in modes}
+    per_mode = {}
+    for mode, rows in by_mode.items():
+        if not rows:
+            continue
+        stats = {"images": len(rows),
+                 "forward_passes_per_image": spread([r["forward_passes"] for r in rows]),
+                 "wall_seconds": float(sum(r["wall_seconds"] for r in rows)),
+                 "wall_seconds_per_image": float(np.mean([r["wall_seconds"] for r in rows])),
+                 "mean_distortion": float(np.mean([r["mean_distortion"] for r in rows]))}
+        if entry.quality is not None:
+            tokens = torch.tensor([r["tokens"] for r in rows], dtype=torch.int64)
+            try:
+                stats.update({k: float(v) for k, v in entry.quality(tokens, [r["prompt"] for r in rows]).items()})
+            except ValueError as exc:  # e.g. the Fréchet distance of a single image
+                stats["quality_error"] = str(exc)
+        per_mode[mode] = stats
+    # speed-up vs ar: the measured ar passes when ar ran, else AR's exact count (one pass per token)
+    ar_passes = per_mode["ar"]["forward_passes_per_image"]["mean"] if "ar" in per_mode else float(tokens_per_image)
+    for stats in per_mode.values():
+        stats["speedup_vs_ar"] = ar_passes / stats["forward_passes_per_image"]["mean"]
+    summary = {
+        "model": manifest["model"], "modes": list(modes), "num_prompts": len(prompts), "seed": manifest["seed"],
+        "generate": manifest["generate"], "coupling": manifest["coupling"],
+        "world_size": world_size, "batch_size": batch_size, "tokens_per_image": tokens_per_image,
+        "images": len(records), "expected_images": len(prompts) * len(modes),
+        "generated_this_run": sum(p["generated"] for p in gathered),
+        "skipped_complete": sum(p["skipped"] for p in gathered),
+        "redone_corrupt_or_partial": sum(p["redone"] for p in gathered),
+        "wall_seconds": wall, "per_mode": per_mode,
+        "per_rank": [{"rank": p["rank"], "images": len(p["records"]), "generated": p["generated"]} for p in gathered],
+    }
+    summary["table"] = format_table(summary)
+    return summary
+
+
+def format_table(summary: dict) -> str:
+    per_mode = summary["per_mode"]
+    quality = any("accuracy" in s for s in per_mode.values())
+    header = (f"{'mode':6} {'images':>7} {'passes/img':>16} {'speed-up':>9} {'wall s':>9} {'s/img':>8} "
+              f"{'distortion':>10}")
+    if quality:
+        header += f" {'accuracy':>9} {'Fréchet':>9}"
+    lines = [header, "-" * len(header)]
+    for mode, s in per_mode.items():
+        passes = s["forward_passes_per_image"]
+        line = (f"{mode:6} {s['images']:7d} {passes['mean']:9.1f}±{passes['std']:<6.1f} {s['speedup_vs_ar']:8.2f}x "
+                f"{s['wall_seconds']:9.2f} {s['wall_seconds_per_image']:8.3f} {s['mean_distortion']:10.4f}")
+        if quality:
+            line += f" {s.get('accuracy', float('nan')):9.3f} {s.get('frechet', float('nan')):9.2f}"
+        lines.append(line)
+    lines.append(f"({summary['world_size']} process(es); wall s = generation seconds summed over ranks; speed-up = "
+                 f"ar passes / passes per image)")
+    return "\n".join(lines)
