@@ -47,7 +47,7 @@ def main():
         backends.append("cpu")
     length, vocab = args.length, args.vocab
     chunks = -(-args.positions // (args.rows_per_chunk * length))
-    variants = [dict(next_drafts=n, top_k=k) for n in ("independent", "maximal", "gumbel") for k in (None, 64)]
+    variants = [dict(coupling=n, top_k=k) for n in ("independent", "maximal", "gumbel") for k in (None, 64)]
     pairs = [(a, b) for i, a in enumerate(backends) for b in backends[i + 1:]]
     diff_pos = {f"{a}-{b}": 0 for a, b in pairs}
     diff_rows = {f"{a}-{b}": 0 for a, b in pairs}
@@ -57,7 +57,7 @@ def main():
         cond, uncond, q, drafts = make_chunk(args.rows_per_chunk, length, vocab, seed=c)
         # one seed per row: a row's streams do not depend on which call (or batch position) verifies it
         seeds = torch.arange(args.rows_per_chunk, device="cuda") + 1_000_000 * c
-        kwargs = dict(cfg_scale=5.0, mode="csd", offset=c, return_probs=False, **variants[c % len(variants)])
+        kwargs = dict(cfg_scale=5.0, rule="csd", offset=c, return_probs=False, **variants[c % len(variants)])
         out = {}
         for name in backends:
             if name == "cpu":

@@ -28,13 +28,13 @@ def main():
         for backend in backends:
             os.environ["CSD_KERNELS_CUDA_SPLIT"] = "1" if backend == "cuda-split" else "0"
             cases = (("gumbel", 5), ("maximal", None)) if quick else (("gumbel", 5), ("maximal", None), ("independent", 3))
-            for next_drafts, top_k in cases:
+            for coupling, top_k in cases:
                 r = ck.verify(both[0::2], drafts, q, uncond_logits=both[1::2], cfg_scale=4.0, top_k=top_k,
-                              next_drafts=next_drafts, seed=torch.tensor([3, 4], device="cuda"),
+                              coupling=coupling, seed=torch.tensor([3, 4], device="cuda"),
                               offset=torch.tensor([0, 9], device="cuda"), start=torch.tensor([0, 1], device="cuda"),
                               backend="cuda" if backend == "cuda-split" else backend)
                 torch.cuda.synchronize()
-                print(backend, vocab, next_drafts, top_k, r.accept_len.tolist(), flush=True)
+                print(backend, vocab, coupling, top_k, r.accept_len.tolist(), flush=True)
 
 
 if __name__ == "__main__":

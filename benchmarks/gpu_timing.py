@@ -63,7 +63,7 @@ def verify_call(backend, probs, seed, offset):
     def call(s):
         cond, uncond, q, drafts = s
         os.environ["CSD_KERNELS_CUDA_SPLIT"] = "1" if backend == "cuda-split" else "0"
-        ck.verify(cond, drafts, q, uncond_logits=uncond, cfg_scale=5.0, mode="csd", seed=seed, offset=offset,
+        ck.verify(cond, drafts, q, uncond_logits=uncond, cfg_scale=5.0, rule="csd", seed=seed, offset=offset,
                   return_probs=probs, backend=name, validate=False)
     return call
 

@@ -121,7 +121,7 @@ def run(shapes=None, backends: Optional[list[str]] = None, device: str = "cpu", 
         for backend in backends:
             for return_probs in return_probs_options:
                 seconds = time_call(
-                    lambda: verify(cond, drafts, q, uncond_logits=uncond, cfg_scale=5.0, mode="csd", seed=0,
+                    lambda: verify(cond, drafts, q, uncond_logits=uncond, cfg_scale=5.0, rule="csd", seed=0,
                                    return_probs=return_probs, backend=backend, validate=False),
                     device, repeats,
                 )

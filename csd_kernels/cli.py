@@ -28,11 +28,11 @@ from .usage import UsageError, writable_dir
 # The rows of `csd compare`: (label, mode, coupling).
 COMPARE_RUNS = [
     ("ar", "ar", None),
-    ("sjd", "sjd", "none"),
+    ("sjd", "sjd", "independent"),
     ("sjd+maximal", "sjd", "maximal"),
     ("sjd+gumbel", "sjd", "gumbel"),
     ("gsd", "gsd", None),
-    ("csd", "csd", "none"),
+    ("csd", "csd", "independent"),
     ("csd+maximal", "csd", "maximal"),
     ("csd+gumbel", "csd", "gumbel"),
 ]

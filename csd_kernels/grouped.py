@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from . import reference as R
+from . import reference as ref
 
 __all__ = ["DEFAULT_GROUP_RANK", "DEFAULT_GROUP_DELTA", "group_acceptance", "grouped_verify"]
 
@@ -73,51 +73,26 @@ def grouped_verify(
     seed: torch.Tensor,
     offset: torch.Tensor,
     return_probs: bool = True,
-) -> R.VerifyOutputs:
-    """GSD verification with the outputs of :func:`csd_kernels.reference.verify` (same shapes and conventions:
-    positions < start[b] are committed; accept_len = first uncommitted rejection; tokens = drafts, resampled token,
-    then fresh draws from p).  Shape: target_logits [B, L, V], draft_tokens [B, L], draft_probs [B, L, V] or None,
+) -> ref.VerifyResult:
+    """GSD verification with the outputs and conventions of :func:`csd_kernels.reference.verify` (built from the same
+    pieces: target and draft distributions, the accepted prefix, the assembled result), only the acceptance and the
+    residual differ. Shape: target_logits [B, L, V], draft_tokens [B, L], draft_probs [B, L, V] or None,
     seed [1] or [B], offset [1] or [B] (per-row step-stream offsets, as in the reference)."""
-    batch, length, vocab = target_logits.shape
-    device = target_logits.device
-    z = R.mixed_logits(target_logits, uncond_logits, cfg_scale, temperature)
-    bad_logits = ~torch.isfinite(z).all(-1)  # [B, L]: NaN / Inf in the model's logits
-    z = R.restrict_top_k(torch.where(bad_logits[..., None], torch.zeros_like(z), z), top_k)
-    p = R.target_probs(z, temperature)  # [B, L, V]
-    h = R.entropy(p)
-    token = draft_tokens.to(torch.int64)
-    has_draft = token >= 0
-    index = token.clamp(min=0)[..., None]
-    if draft_probs is None:
-        q = torch.nn.functional.one_hot(token.clamp(min=0), vocab).to(p.dtype) * has_draft[..., None]
-    else:
-        q = draft_probs.to(p.dtype).expand(batch, length, vocab)
+    length, vocab = target_logits.shape[1:]
+    target = ref.target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, torch.float32)
+    drafts = ref.draft_distribution(draft_tokens, draft_probs, vocab, torch.float32)
+    p, q, index = target.p, drafts.q, drafts.token.clamp(min=0)[..., None]
     a = group_acceptance(p, q, group_rank, group_delta)  # [B, L, V]
     q_times_a = q * a
-    residual = R.optimal_residual(p, q_times_a)
-    out = R.output_distribution(p, q, q_times_a, residual)
-    distortion = torch.where(has_draft, 0.5 * (out - p).abs().sum(-1), torch.zeros_like(h))
+    residual = ref.optimal_residual(p, q_times_a)
+    out = ref.output_distribution(p, q, q_times_a, residual)
+    distortion = torch.where(drafts.has_draft, 0.5 * (out - p).abs().sum(-1), torch.zeros_like(target.h))
     q_x = q.gather(-1, index).squeeze(-1)
-    accept_prob = torch.where(has_draft & (q_x > 0), a.gather(-1, index).squeeze(-1), torch.zeros_like(h))
+    accept_prob = torch.where(drafts.has_draft & (q_x > 0), a.gather(-1, index).squeeze(-1), torch.zeros_like(target.h))
 
-    u_accept, u_sample = R.step_uniforms(seed.reshape(-1), offset.reshape(-1), positions, length)
-    window = torch.arange(length, device=device)
-    committed = window[None, :] < start.reshape(-1, 1)
-    accepted = has_draft & (u_accept < accept_prob)
-    stops = ~accepted & ~committed
-    accept_len = torch.where(stops.any(-1), stops.to(torch.int64).argmax(-1), torch.full((batch,), length, device=device))
-    from_p = R.inverse_cdf_sample(p, u_sample)
-    resampled = torch.where(has_draft, R.inverse_cdf_sample(residual, u_sample), from_p)
-    tokens = torch.where(window < accept_len[:, None], token, from_p)
-    tokens = torch.where(window == accept_len[:, None], resampled, tokens)
-    tvd = R.total_variation(p, q)
-    return R.VerifyOutputs(
-        accept_len=accept_len.to(torch.int32),
-        tokens=tokens,
-        probs=p.float() if return_probs else None,
-        entropy=h.float(),
-        tvd=torch.where(has_draft, tvd, torch.full_like(tvd, float("nan"))).float(),
-        accept_prob=accept_prob.float(),
-        distortion=distortion.float(),
-        status=bad_logits.any(-1).to(torch.int32) * R.STATUS_BAD_LOGITS,
-    )
+    u_accept, u_sample = ref.step_uniforms(seed.reshape(-1), offset.reshape(-1), positions, length)
+    accept_len, committed = ref.accept_prefix(drafts.has_draft & (u_accept < accept_prob), start, target.bad)
+    from_p = ref.inverse_cdf_sample(p, u_sample)
+    resampled = torch.where(drafts.has_draft, ref.inverse_cdf_sample(residual, u_sample), from_p)
+    return ref.assemble(target, drafts, accept_len, committed, resampled, from_p, ref.total_variation(p, q),
+                        accept_prob, distortion, return_probs)

@@ -8,59 +8,33 @@ through it) whose ``backend`` argument names the implementation. The C++/CUDA ex
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
 
-from . import reference
+from . import reference as ref
 from .dispatch import compiled_extension, select_backend
 
 __all__ = ["VerifyResult", "verify"]
 
+VerifyResult = ref.VerifyResult
+
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-_MODE_CODE = {name: code for code, name in enumerate(reference.MODES)}
-_NEXT_DRAFTS_CODE = {name: code for code, name in enumerate(reference.NEXT_DRAFTS)}
+_RULE_CODE = {name: code for code, name in enumerate(ref.RULES)}
+_COUPLING_CODE = {name: code for code, name in enumerate(ref.COUPLINGS)}
 SeedLike = Union[int, torch.Tensor]
-
-
-@dataclass
-class VerifyResult:
-    """What one verification step returns.
-
-    Shape: accept_len [B] int32; tokens [B, L] int64; probs [B, L, V] float32 or None;
-    entropy, tvd, accept_prob, distortion [B, L] float32; status [B] int32.
-
-    accept_len: first position at or after ``start`` whose draft was rejected or missing (L if none).
-    tokens: the drafts before accept_len, the resampled token at accept_len, and the next drafts after it.
-    probs: the target distribution p (after CFG, temperature, top-k).
-    entropy: H(p) in nats. tvd: ½Σ|p − q| (½ where there is neither a draft nor draft_probs).
-    accept_prob: a(x) for the draft (0 where there is none). distortion: ½Σ|out − p| of the rule at that position.
-    status: per-row bit mask of input problems (reference.STATUS_*), 0 when the row was fine.
-    accept_len_host: accept_len as a Python list when validate=True read it (with the status, in one host sync).
-    """
-
-    accept_len: torch.Tensor
-    tokens: torch.Tensor
-    probs: Optional[torch.Tensor]
-    entropy: torch.Tensor
-    tvd: torch.Tensor
-    accept_prob: torch.Tensor
-    distortion: torch.Tensor
-    status: torch.Tensor
-    accept_len_host: Optional[list[int]] = None
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Backends behind one op
 # ----------------------------------------------------------------------------------------------------------------------
-def _torch_backend(logits, draft_tokens, draft_probs, uncond, cfg_scale, temperature, top_k, mode, entropy_coef,
-                   tvd_threshold, start, next_drafts, positions, seed, offset, return_probs):
-    out = reference.verify(
+def _torch_backend(logits, draft_tokens, draft_probs, uncond, cfg_scale, temperature, top_k, rule, entropy_coef,
+                   tvd_threshold, start, coupling, positions, seed, offset, return_probs):
+    out = ref.verify(
         logits, draft_tokens, draft_probs, uncond_logits=uncond, cfg_scale=cfg_scale, temperature=temperature,
-        top_k=top_k or None, mode=reference.MODES[mode], entropy_coef=entropy_coef, tvd_threshold=tvd_threshold,
-        start=start, next_drafts=reference.NEXT_DRAFTS[next_drafts], positions=positions, seed=seed, offset=offset,
+        top_k=top_k or None, rule=ref.RULES[rule], entropy_coef=entropy_coef, tvd_threshold=tvd_threshold,
+        start=start, coupling=ref.COUPLINGS[coupling], positions=positions, seed=seed, offset=offset,
         return_probs=return_probs,
     )
     probs = out.probs if return_probs else logits.new_empty((0,), dtype=torch.float32)
@@ -89,11 +63,11 @@ def _verify_op(
     cfg_scale: float,
     temperature: float,
     top_k: int,
-    mode: int,
+    rule: int,
     entropy_coef: float,
     tvd_threshold: float,
     start: torch.Tensor,
-    next_drafts: int,
+    coupling: int,
     positions: torch.Tensor,
     seed: torch.Tensor,
     offset: torch.Tensor,
@@ -101,8 +75,8 @@ def _verify_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     outputs = _BACKEND_FUNCTIONS[backend](
-        target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, mode, entropy_coef,
-        tvd_threshold, start, next_drafts, positions, seed, offset, return_probs,
+        target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule, entropy_coef,
+        tvd_threshold, start, coupling, positions, seed, offset, return_probs,
     )
     return tuple(outputs)
 
@@ -120,16 +94,16 @@ def _fake_outputs(target_logits: torch.Tensor, return_probs: bool):
 
 
 @_verify_op.register_fake
-def _(target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, mode, entropy_coef,
-      tvd_threshold, start, next_drafts, positions, seed, offset, return_probs, backend):
+def _(target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule, entropy_coef,
+      tvd_threshold, start, coupling, positions, seed, offset, return_probs, backend):
     return _fake_outputs(target_logits, return_probs)
 
 
 if compiled_extension() is not None:
 
     @torch.library.register_fake("csd_kernels::verify_rows")
-    def _(target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, mode, entropy_coef,
-          tvd_threshold, start, next_drafts, positions, seed, offset, return_probs):
+    def _(target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule, entropy_coef,
+          tvd_threshold, start, coupling, positions, seed, offset, return_probs):
         return _fake_outputs(target_logits, return_probs)
 
 
@@ -191,10 +165,10 @@ def _check_device(name: str, tensor: Optional[torch.Tensor], device: torch.devic
 
 
 _STATUS_MESSAGES = (
-    (reference.STATUS_BAD_LOGITS, "target_logits/uncond_logits contain NaN or ±Inf (or overflow when mixed by cfg_scale)"),
-    (reference.STATUS_BAD_DRAFT_TOKEN, "draft_tokens must lie in [-1, V)"),
-    (reference.STATUS_BAD_DRAFT_PROBS, "draft_probs must be finite and non-negative"),
-    (reference.STATUS_MISSING_COMMITTED_TOKEN, "draft_tokens is -1 at a position before start (a committed position needs its token)"),
+    (ref.STATUS_BAD_LOGITS, "target_logits/uncond_logits contain NaN or ±Inf (or overflow when mixed by cfg_scale)"),
+    (ref.STATUS_BAD_DRAFT_TOKEN, "draft_tokens must lie in [-1, V)"),
+    (ref.STATUS_BAD_DRAFT_PROBS, "draft_probs must be finite and non-negative"),
+    (ref.STATUS_MISSING_COMMITTED_TOKEN, "draft_tokens is -1 at a position before start (a committed position needs its token)"),
 )
 
 
@@ -214,21 +188,26 @@ def verify(
     cfg_scale: float = 1.0,
     temperature: float = 1.0,
     top_k: Optional[int] = None,
-    mode: str = "csd",
+    rule: str = "csd",
     entropy_coef: float = 0.5,
     tvd_threshold: float = 0.65,
     start: Optional[Union[int, torch.Tensor]] = None,
-    next_drafts: str = "independent",
+    coupling: str = "independent",
     positions: Optional[Union[int, torch.Tensor]] = None,
     seed: SeedLike = 0,
     offset: SeedLike = 0,
     return_probs: bool = True,
     backend: Optional[str] = None,
     validate: bool = True,
+    **deprecated,
 ) -> VerifyResult:
     """Verify a window of draft tokens against the target model's logits, in one pass over the vocabulary.
 
     The maths is defined once in :mod:`csd_kernels.reference`; see its docstring and the README.
+    rule: "csd" (CSD's relaxed acceptance where TVD(p, q) < tvd_threshold) or "strict" (lossless speculative test).
+    coupling: how the positions after accept_len get their next draft: "independent" (a fresh draw from p),
+    "maximal" (the draft kept with probability min(1, p/q), else the residual draw) or "gumbel" (argmax z + G).
+    (``mode=`` and ``next_drafts=`` are deprecated names of ``rule=`` and ``coupling=``.)
 
     Shape: target_logits [B, L, V] (float32/bfloat16/float16, any strides on B and L), draft_tokens [B, L] int
     (-1 = no draft), draft_probs [B, L, V] float32 or None (one-hot drafts; strides may be 0 for a uniform q),
@@ -241,6 +220,44 @@ def verify(
     lands in ``accept_len_host``) and raises ValueError naming the argument; with ``validate=False`` the op never
     syncs and bad rows are only reported in ``status`` (their tokens are still in range).
     """
+    rule, coupling = _renamed(deprecated, rule, coupling)
+    target_logits, draft_tokens, draft_probs, uncond_logits = _check_tensors(target_logits, draft_tokens, draft_probs,
+                                                                             uncond_logits)
+    batch, length, vocab = target_logits.shape
+    device = target_logits.device
+    scalars = _check_scalars(uncond_logits is not None, cfg_scale, temperature, top_k, rule, entropy_coef,
+                             tvd_threshold, coupling)
+    start = _index_tensor("start", start, batch, device)
+    positions = _index_tensor("positions", positions, batch, device)
+    seed = _philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64)
+    offset = _philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63)
+    cfg_scale, temperature, top_k, rule_code, entropy_coef, tvd_threshold, coupling_code = scalars
+    outputs = _verify_op(
+        target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule_code, entropy_coef,
+        tvd_threshold, start, coupling_code, positions, seed, offset, return_probs, select_backend(backend, device),
+    )
+    result = VerifyResult(*outputs)
+    if not return_probs:
+        result.probs = None
+    if validate:
+        _validate(result, start, batch)
+    return result
+
+
+def _renamed(deprecated: dict, rule: str, coupling: str) -> tuple[str, str]:
+    """(rule, coupling), taking the deprecated ``mode=`` / ``next_drafts=`` spellings with a warning."""
+    import warnings
+
+    for old, new in (("mode", "rule"), ("next_drafts", "coupling")):
+        if old in deprecated:
+            warnings.warn(f"verify({old}=...) is deprecated; use {new}=", DeprecationWarning, stacklevel=3)
+    unknown = sorted(set(deprecated) - {"mode", "next_drafts"})
+    if unknown:
+        raise TypeError(f"verify() got unexpected keyword argument(s) {unknown}")
+    return deprecated.get("mode", rule), deprecated.get("next_drafts", coupling)
+
+
+def _check_tensors(target_logits, draft_tokens, draft_probs, uncond_logits) -> tuple:
     target_logits = _check_logits("target_logits", target_logits)
     batch, length, vocab = target_logits.shape
     device = target_logits.device
@@ -260,35 +277,30 @@ def verify(
         _check_device("draft_probs", draft_probs, device)
         if draft_probs.stride(-1) not in (0, 1):
             draft_probs = draft_probs.contiguous()
+    return target_logits, draft_tokens, draft_probs, uncond_logits
+
+
+def _check_scalars(has_uncond, cfg_scale, temperature, top_k, rule, entropy_coef, tvd_threshold, coupling) -> tuple:
+    """(cfg_scale, temperature, top_k or 0, rule code, entropy_coef, tvd_threshold, coupling code), checked."""
     cfg_scale = _check_real("cfg_scale", cfg_scale)
-    if uncond_logits is None and cfg_scale != 1.0:
+    if not has_uncond and cfg_scale != 1.0:
         raise ValueError(f"cfg_scale={cfg_scale} needs uncond_logits (classifier-free guidance mixes two sets of logits)")
     temperature = _check_real("temperature", temperature, 0.0)
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-    if mode not in _MODE_CODE:
-        raise ValueError(f"mode must be one of {reference.MODES}, got {mode!r}")
+    if rule not in _RULE_CODE:
+        raise ValueError(f"rule must be one of {ref.RULES}, got {rule!r}")
     entropy_coef = _check_real("entropy_coef", entropy_coef, 0.0)
     tvd_threshold = _check_real("tvd_threshold", tvd_threshold, 0.0, 1.0)
-    if next_drafts not in _NEXT_DRAFTS_CODE:
-        raise ValueError(f"next_drafts must be one of {reference.NEXT_DRAFTS}, got {next_drafts!r}")
-    start = _index_tensor("start", start, batch, device)
-    positions = _index_tensor("positions", positions, batch, device)
-    seed = _philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64)
-    offset = _philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63)
-    chosen = select_backend(backend, device)
+    if coupling not in _COUPLING_CODE:
+        raise ValueError(f"coupling must be one of {ref.COUPLINGS}, got {coupling!r}")
+    return cfg_scale, temperature, top_k or 0, _RULE_CODE[rule], entropy_coef, tvd_threshold, _COUPLING_CODE[coupling]
 
-    outputs = _verify_op(
-        target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k or 0, _MODE_CODE[mode],
-        entropy_coef, tvd_threshold, start, _NEXT_DRAFTS_CODE[next_drafts], positions, seed, offset, return_probs, chosen,
-    )
-    result = VerifyResult(*outputs)
-    if not return_probs:
-        result.probs = None
-    if validate:
-        checks = torch.cat([result.status, result.accept_len, (start < 0).any().reshape(1).to(torch.int32)]).tolist()
-        if checks[-1]:
-            raise ValueError("start must be >= 0")
-        _raise_for_status(checks[:batch])
-        result.accept_len_host = checks[batch:2 * batch]
-    return result
+
+def _validate(result: VerifyResult, start: torch.Tensor, batch: int) -> None:
+    """One host sync: the status bits, accept_len (kept in accept_len_host) and start >= 0."""
+    checks = torch.cat([result.status, result.accept_len, (start < 0).any().reshape(1).to(torch.int32)]).tolist()
+    if checks[-1]:
+        raise ValueError("start must be >= 0")
+    _raise_for_status(checks[:batch])
+    result.accept_len_host = checks[batch:2 * batch]

@@ -48,8 +48,8 @@ from typing import Optional
 import torch
 
 __all__ = [
-    "MODES",
-    "NEXT_DRAFTS",
+    "RULES",
+    "COUPLINGS",
     "STATUS_BAD_LOGITS",
     "STATUS_BAD_DRAFT_TOKEN",
     "STATUS_BAD_DRAFT_PROBS",
@@ -75,12 +75,18 @@ __all__ = [
     "optimal_residual",
     "closed_form_distortion",
     "inverse_cdf_sample",
-    "VerifyOutputs",
+    "VerifyResult",
+    "Target",
+    "Drafts",
+    "target_distribution",
+    "draft_distribution",
+    "accept_prefix",
+    "assemble",
     "verify",
 ]
 
-MODES = ("strict", "csd")
-NEXT_DRAFTS = ("independent", "maximal", "gumbel")
+RULES = ("strict", "csd")  # the acceptance rule of verify
+COUPLINGS = ("independent", "maximal", "gumbel")  # how positions after accept_len get their next draft
 
 # Per-row status bits written by every backend (OR over the row's positions). The Python wrapper turns them into
 # ValueErrors naming the argument when validate=True.
@@ -259,20 +265,20 @@ def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def acceptance_probability(
-    p_x: torch.Tensor, q_x: torch.Tensor, h: torch.Tensor, tvd: torch.Tensor, mode: str, entropy_coef: float, tvd_threshold: float
+    p_x: torch.Tensor, q_x: torch.Tensor, h: torch.Tensor, tvd: torch.Tensor, rule: str, entropy_coef: float, tvd_threshold: float
 ) -> torch.Tensor:
     """a(x) for draft probabilities p(x), q(x) (any broadcastable shapes); 0 where q(x) = 0."""
     safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
     ratio = torch.where(q_x > 0, p_x / safe_q, torch.zeros_like(p_x))
-    if mode == "csd":
+    if rule == "csd":
         relaxed = torch.where(q_x > 0, ratio + entropy_coef * h, torch.zeros_like(ratio))
         ratio = torch.where(tvd < tvd_threshold, relaxed, ratio)
     return ratio.clamp(max=1.0)
 
 
-def accepted_mass(p: torch.Tensor, q: torch.Tensor, h: torch.Tensor, tvd: torch.Tensor, mode: str, entropy_coef: float, tvd_threshold: float):
+def accepted_mass(p: torch.Tensor, q: torch.Tensor, h: torch.Tensor, tvd: torch.Tensor, rule: str, entropy_coef: float, tvd_threshold: float):
     """q(y)·a(y) for every token y: the probability of drafting y and accepting it.  Shape: [..., V]."""
-    return q * acceptance_probability(p, q, h[..., None], tvd[..., None], mode, entropy_coef, tvd_threshold)
+    return q * acceptance_probability(p, q, h[..., None], tvd[..., None], rule, entropy_coef, tvd_threshold)
 
 
 def optimal_residual(p: torch.Tensor, q_times_a: torch.Tensor) -> torch.Tensor:
@@ -316,17 +322,108 @@ def inverse_cdf_sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 # The whole verification step
 # --------------------------------------------------------------------------------------------------------------------
 @dataclass
-class VerifyOutputs:
-    """Raw outputs of a backend; see csd_kernels.VerifyResult for the user-facing documentation."""
+class VerifyResult:
+    """What one verification step returns (every backend, and :func:`csd_kernels.verify`).
 
-    accept_len: torch.Tensor  # [B] int32
-    tokens: torch.Tensor  # [B, L] int64
-    probs: Optional[torch.Tensor]  # [B, L, V] float32 or None
-    entropy: torch.Tensor  # [B, L] float32
-    tvd: torch.Tensor  # [B, L] float32
-    accept_prob: torch.Tensor  # [B, L] float32
-    distortion: torch.Tensor  # [B, L] float32
-    status: torch.Tensor  # [B] int32, STATUS_* bits
+    Shape: accept_len [B] int32; tokens [B, L] int64; probs [B, L, V] float32 or None;
+    entropy, tvd, accept_prob, distortion [B, L] float32; status [B] int32.
+
+    accept_len: first position at or after ``start`` whose draft was rejected or missing (L if none).
+    tokens: the drafts before accept_len, the resampled token at accept_len, and the next drafts after it.
+    probs: the target distribution p (after CFG, temperature, top-k).
+    entropy: H(p) in nats. tvd: ½Σ|p − q| (½ where there is neither a draft nor draft_probs).
+    accept_prob: a(x) for the draft (0 where there is none). distortion: ½Σ|out − p| of the rule at that position.
+    status: per-row bit mask of input problems (STATUS_*), 0 when the row was fine.
+    accept_len_host: accept_len as a Python list when ``csd_kernels.verify(validate=True)`` read it.
+    """
+
+    accept_len: torch.Tensor
+    tokens: torch.Tensor
+    probs: Optional[torch.Tensor]
+    entropy: torch.Tensor
+    tvd: torch.Tensor
+    accept_prob: torch.Tensor
+    distortion: torch.Tensor
+    status: torch.Tensor
+    accept_len_host: Optional[list] = None
+
+
+@dataclass
+class Target:
+    """The target side of a window: mixed logits z, p, H, and which positions had non-finite logits.  [B, L, (V)]"""
+
+    z: torch.Tensor
+    p: torch.Tensor
+    h: torch.Tensor
+    bad: torch.Tensor
+
+
+@dataclass
+class Drafts:
+    """The draft side: sanitised tokens (-1 = none), q (the zero vector where there is neither a draft nor
+    draft_probs; zeroed where draft_probs was invalid), and the input flags.  [B, L, (V)]"""
+
+    token: torch.Tensor
+    has_draft: torch.Tensor
+    bad_token: torch.Tensor
+    q: torch.Tensor
+    bad_probs: torch.Tensor
+
+
+def target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, compute_dtype) -> Target:
+    z = mixed_logits(target_logits, uncond_logits, cfg_scale, temperature, compute_dtype)
+    # A NaN or ±Inf in either input (or an overflowing mix) leaves a non-finite z; 0·Inf = NaN covers cfg_scale = 0.
+    bad = ~torch.isfinite(z).all(-1)
+    z = restrict_top_k(torch.where(bad[..., None], torch.zeros_like(z), z), top_k)
+    p = target_probs(z, temperature)
+    return Target(z, p, entropy(p), bad)
+
+
+def draft_distribution(draft_tokens, draft_probs, vocab: int, compute_dtype) -> Drafts:
+    draft_tokens = draft_tokens.to(torch.int64)
+    bad_token = (draft_tokens < -1) | (draft_tokens >= vocab)
+    token = torch.where(bad_token, torch.full_like(draft_tokens, -1), draft_tokens)
+    has_draft = token >= 0
+    if draft_probs is None:
+        q = torch.nn.functional.one_hot(token.clamp(min=0), vocab).to(compute_dtype) * has_draft[..., None]
+        bad_probs = torch.zeros_like(has_draft)
+    else:
+        q = draft_probs.to(compute_dtype).expand(*token.shape, vocab)
+        bad_probs = ~(torch.isfinite(q) & (q >= 0)).all(-1)
+        q = torch.where(bad_probs[..., None], torch.zeros_like(q), q)
+    return Drafts(token, has_draft, bad_token, q, bad_probs)
+
+
+def accept_prefix(accepted: torch.Tensor, start: torch.Tensor, bad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(accept_len [B], committed [B, L]): positions before start are committed; the prefix ends at the first
+    uncommitted rejection or bad position."""
+    batch, length = accepted.shape
+    window = torch.arange(length, device=accepted.device)
+    committed = window[None, :] < start.reshape(-1, 1)
+    stops = (~accepted & ~committed) | bad
+    full = torch.full((batch,), length, device=accepted.device)
+    return torch.where(stops.any(-1), stops.to(torch.int64).argmax(-1), full), committed
+
+
+def assemble(target: Target, drafts: Drafts, accept_len, committed, resampled, later, tvd, accept_prob, distortion,
+             return_probs: bool) -> VerifyResult:
+    """The result of a step: tokens from the prefix, the resampled token and the later draws; NaN statistics, token 0
+    and status bits where the inputs were bad."""
+    window = torch.arange(drafts.token.shape[1], device=drafts.token.device)
+    tokens = torch.where(window < accept_len[:, None], drafts.token, later)
+    tokens = torch.where(window == accept_len[:, None], resampled, tokens)
+    # Never out of range, whatever the input: flagged positions emit token 0.
+    tokens = torch.where(target.bad | (tokens < 0), torch.zeros_like(tokens), tokens)
+    status = (
+        target.bad.any(-1).to(torch.int32) * STATUS_BAD_LOGITS
+        | drafts.bad_token.any(-1).to(torch.int32) * STATUS_BAD_DRAFT_TOKEN
+        | drafts.bad_probs.any(-1).to(torch.int32) * STATUS_BAD_DRAFT_PROBS
+        | (committed & ~drafts.has_draft).any(-1).to(torch.int32) * STATUS_MISSING_COMMITTED_TOKEN
+    )
+    nan = lambda t: torch.where(target.bad, torch.full_like(t, float("nan")), t).to(torch.float32)  # noqa: E731
+    probs = torch.where(target.bad[..., None], float("nan"), target.p).to(torch.float32) if return_probs else None
+    return VerifyResult(accept_len=accept_len.to(torch.int32), tokens=tokens, probs=probs, entropy=nan(target.h),
+                        tvd=nan(tvd), accept_prob=nan(accept_prob), distortion=nan(distortion), status=status)
 
 
 def verify(
@@ -338,102 +435,60 @@ def verify(
     cfg_scale: float = 1.0,
     temperature: float = 1.0,
     top_k: Optional[int] = None,
-    mode: str = "csd",
+    rule: str = "csd",
     entropy_coef: float = 0.5,
     tvd_threshold: float = 0.65,
     start: torch.Tensor,
-    next_drafts: str = "independent",
+    coupling: str = "independent",
     positions: torch.Tensor,
     seed: torch.Tensor,
     offset: torch.Tensor,
     return_probs: bool = True,
     compute_dtype: torch.dtype = torch.float32,
     uniforms: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-) -> VerifyOutputs:
+) -> VerifyResult:
     """The reference verification step on already-validated arguments (see csd_kernels.verify for the API).
 
     ``uniforms`` = (u_accept, u_sample), each [B, L], replaces the Philox step stream (tests use it to fix u).
     Shape: target_logits [B, L, V], draft_tokens [B, L], draft_probs [B, L, V] or None, start/positions [B],
     seed [1] or [B], offset [1] or [B] (per-row step-stream offsets).
     """
-    batch, length, vocab = target_logits.shape
-    device = target_logits.device
-    draft_tokens = draft_tokens.to(torch.int64)
-
-    z = mixed_logits(target_logits, uncond_logits, cfg_scale, temperature, compute_dtype)
-    # A NaN or ±Inf in either input (or an overflowing mix) leaves a non-finite z; 0·Inf = NaN covers cfg_scale = 0.
-    bad_logits = ~torch.isfinite(z).all(-1)
-    z = restrict_top_k(torch.where(bad_logits[..., None], torch.zeros_like(z), z), top_k)
-    p = target_probs(z, temperature)
-    h = entropy(p)
-
-    bad_token = (draft_tokens < -1) | (draft_tokens >= vocab)
-    token = torch.where(bad_token, torch.full_like(draft_tokens, -1), draft_tokens)
-    has_draft = token >= 0
-    token_index = token.clamp(min=0)[..., None]
-    if draft_probs is None:
-        q = torch.nn.functional.one_hot(token.clamp(min=0), vocab).to(compute_dtype) * has_draft[..., None]
-        bad_probs = torch.zeros_like(has_draft)
-    else:
-        q = draft_probs.to(compute_dtype)
-        bad_probs = ~(torch.isfinite(q) & (q >= 0)).all(-1)
-        q = torch.where(bad_probs[..., None], torch.zeros_like(q), q)
+    length, vocab = target_logits.shape[1:]
+    target = target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, compute_dtype)
+    drafts = draft_distribution(draft_tokens, draft_probs, vocab, compute_dtype)
+    p, q, x = target.p, drafts.q, drafts.token
     tvd = total_variation(p, q)  # q is the zero vector where there is neither a draft nor draft_probs: TVD = ½
+    p_x = p.gather(-1, x.clamp(min=0)[..., None]).squeeze(-1)
+    q_x = torch.where(drafts.has_draft, q.gather(-1, x.clamp(min=0)[..., None]).squeeze(-1), torch.zeros_like(p_x))
+    accept_prob = acceptance_probability(p_x, q_x, target.h, tvd, rule, entropy_coef, tvd_threshold)
+    q_times_a = accepted_mass(p, q, target.h, tvd, rule, entropy_coef, tvd_threshold)
+    distortion = torch.where(drafts.has_draft, closed_form_distortion(p, q, q_times_a), torch.zeros_like(target.h))
 
-    p_x = p.gather(-1, token_index).squeeze(-1)
-    q_x = torch.where(has_draft, q.gather(-1, token_index).squeeze(-1), torch.zeros_like(p_x))
-    accept_prob = acceptance_probability(p_x, q_x, h, tvd, mode, entropy_coef, tvd_threshold)
-    strict_prob = acceptance_probability(p_x, q_x, h, tvd, "strict", entropy_coef, tvd_threshold)
-    q_times_a = accepted_mass(p, q, h, tvd, mode, entropy_coef, tvd_threshold)
-    distortion = torch.where(has_draft, closed_form_distortion(p, q, q_times_a), torch.zeros_like(h))
-
-    if uniforms is None:
-        u_accept, u_sample = step_uniforms(seed, offset, positions, length)
-    else:
-        u_accept, u_sample = (u.to(torch.float32) for u in uniforms)
-    window = torch.arange(length, device=device)
-    committed = window[None, :] < start.reshape(-1, 1)
-    accepted = has_draft & (u_accept.to(compute_dtype) < accept_prob)
-    stops = (~accepted & ~committed) | bad_logits
-    accept_len = torch.where(stops.any(-1), stops.to(torch.int64).argmax(-1), torch.full((batch,), length, device=device))
-
+    u_accept, u_sample = step_uniforms(seed, offset, positions, length) if uniforms is None else (
+        u.to(torch.float32) for u in uniforms)
+    accepted = drafts.has_draft & (u_accept.to(compute_dtype) < accept_prob)
+    accept_len, committed = accept_prefix(accepted, start, target.bad)
     residual = (p - q).clamp(min=0)
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
-    from_residual = inverse_cdf_sample(residual, u_sample)
     from_p = inverse_cdf_sample(p, u_sample)
-    resampled = torch.where(has_draft, from_residual, from_p)
+    resampled = torch.where(drafts.has_draft, inverse_cdf_sample(residual, u_sample), from_p)
+    later = _next_drafts(coupling, target, drafts, resampled, from_p, u_accept, p_x, q_x, temperature, seed, positions,
+                         compute_dtype)
+    return assemble(target, drafts, accept_len, committed, resampled, later, tvd, accept_prob, distortion, return_probs)
 
-    if next_drafts == "independent":
-        later = from_p
-    elif next_drafts == "maximal":
-        keep = has_draft & (u_accept.to(compute_dtype) < strict_prob)
-        later = torch.where(keep, token, resampled)
-    else:  # gumbel
-        if temperature == 0:
-            later = z.argmax(-1)
-        else:
-            gumbel = -torch.log(-torch.log(gumbel_uniforms(seed, positions, length, vocab)))
-            later = (z + gumbel.to(compute_dtype)).argmax(-1)
 
-    tokens = torch.where(window < accept_len[:, None], token, later)
-    tokens = torch.where(window == accept_len[:, None], resampled, tokens)
-    # Never out of range, whatever the input: flagged positions emit token 0.
-    tokens = torch.where(bad_logits | (tokens < 0), torch.zeros_like(tokens), tokens)
-
-    status = (
-        bad_logits.any(-1).to(torch.int32) * STATUS_BAD_LOGITS
-        | bad_token.any(-1).to(torch.int32) * STATUS_BAD_DRAFT_TOKEN
-        | bad_probs.any(-1).to(torch.int32) * STATUS_BAD_DRAFT_PROBS
-        | (committed & ~has_draft).any(-1).to(torch.int32) * STATUS_MISSING_COMMITTED_TOKEN
-    )
-    nan = torch.full_like(h, float("nan"))
-    return VerifyOutputs(
-        accept_len=accept_len.to(torch.int32),
-        tokens=tokens,
-        probs=torch.where(bad_logits[..., None], float("nan"), p).to(torch.float32) if return_probs else None,
-        entropy=torch.where(bad_logits, nan, h).to(torch.float32),
-        tvd=torch.where(bad_logits, nan, tvd).to(torch.float32),
-        accept_prob=torch.where(bad_logits, nan, accept_prob).to(torch.float32),
-        distortion=torch.where(bad_logits, nan, distortion).to(torch.float32),
-        status=status,
-    )
+def _next_drafts(coupling, target, drafts, resampled, from_p, u_accept, p_x, q_x, temperature, seed, positions,
+                 compute_dtype) -> torch.Tensor:
+    """The tokens drafted for the positions after accept_len, by coupling (see COUPLINGS)."""
+    if coupling == "independent":
+        return from_p
+    if coupling == "maximal":
+        zero = torch.zeros_like(p_x)
+        strict = acceptance_probability(p_x, q_x, zero, zero, "strict", 0.0, 0.0)  # min(1, p(x)/q(x))
+        keep = drafts.has_draft & (u_accept.to(compute_dtype) < strict)
+        return torch.where(keep, drafts.token, resampled)
+    if temperature == 0:  # gumbel
+        return target.z.argmax(-1)
+    length, vocab = target.z.shape[1:]
+    gumbel = -torch.log(-torch.log(gumbel_uniforms(seed, positions, length, vocab)))
+    return (target.z + gumbel.to(compute_dtype)).argmax(-1)

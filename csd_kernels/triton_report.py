@@ -31,8 +31,8 @@ class Variant:
     has_q: bool = True
     greedy: bool = False
     top_k: bool = False
-    mode_csd: bool = True
-    next_drafts: int = 0  # 0 independent, 1 maximal, 2 gumbel
+    csd_rule: bool = True
+    coupling: int = 0  # 0 independent, 1 maximal, 2 gumbel
     return_probs: bool = True
     logits_dtype: str = "bfloat16"
 
@@ -40,7 +40,7 @@ class Variant:
     def label(self) -> str:
         parts = [f"V={self.vocab}", "cfg" if self.has_uncond else "nocfg",
                  "q" if self.has_q else "onehot", "greedy" if self.greedy else ("topk" if self.top_k else "full"),
-                 "csd" if self.mode_csd else "strict", ("indep", "maximal", "gumbel")[self.next_drafts],
+                 "csd" if self.csd_rule else "strict", ("indep", "maximal", "gumbel")[self.coupling],
                  "probs" if self.return_probs else "noprobs"]
         return " ".join(parts)
 
@@ -62,11 +62,11 @@ def variants(vocabs=(8192, 16384, 65536)) -> list[Variant]:
     common one, gumbel without probs, greedy, one-hot (the split path)."""
     out = []
     for vocab in vocabs:
-        out.append(Variant(vocab, top_k=True, next_drafts=2))
+        out.append(Variant(vocab, top_k=True, coupling=2))
         out.append(Variant(vocab))
-        out.append(Variant(vocab, next_drafts=2, return_probs=False))
+        out.append(Variant(vocab, coupling=2, return_probs=False))
         out.append(Variant(vocab, greedy=True))
-        out.append(Variant(vocab, has_q=False, mode_csd=False, has_uncond=False))
+        out.append(Variant(vocab, has_q=False, csd_rule=False, has_uncond=False))
     return out
 
 
@@ -132,7 +132,7 @@ def _kernels(variant: Variant):
 
     chosen = tv.plan(variant.positions, variant.vocab, variant.top_k and not variant.greedy)
     flags = {"HAS_UNCOND": variant.has_uncond, "HAS_Q": variant.has_q, "GREEDY": variant.greedy,
-             "MODE_CSD": variant.mode_csd, "NEXT_DRAFTS": variant.next_drafts, "RETURN_PROBS": variant.return_probs,
+             "CSD_RULE": variant.csd_rule, "COUPLING": variant.coupling, "RETURN_PROBS": variant.return_probs,
              "PER_ROW_SEED": False}
     if chosen.path != "split":
         kernel = register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel
@@ -140,7 +140,7 @@ def _kernels(variant: Variant):
                  chosen.num_warps)]
     n_split = -(-variant.vocab // chosen.block)
     stats = {"HAS_UNCOND": variant.has_uncond, "GREEDY": variant.greedy, "PER_ROW_SEED": False,
-             "GUMBEL": variant.next_drafts == 2 and not variant.greedy, "BLOCK_V": chosen.block}
+             "GUMBEL": variant.coupling == 2 and not variant.greedy, "BLOCK_V": chosen.block}
     finish = dict(flags, BLOCK_V=chosen.block, S_BLOCK=max(2, 1 << (n_split - 1).bit_length()), BLOCK_L=16)
     return [(split.split_stats_kernel, stats, chosen.num_warps), (split.split_finish_kernel, finish, chosen.num_warps)]
 
@@ -175,8 +175,8 @@ def format_table(reports: list[ResourceReport]) -> str:
 
 def quick_variants() -> list[Variant]:
     """One of each kernel: split (small batch), register (large batch, heaviest), chunked (top-k above 16384)."""
-    return [Variant(16384, 16), Variant(16384, 16, greedy=True, next_drafts=2, return_probs=False),
-            Variant(16384, 1024, top_k=True, next_drafts=2), Variant(65536, 16, top_k=True, next_drafts=1)]
+    return [Variant(16384, 16), Variant(16384, 16, greedy=True, coupling=2, return_probs=False),
+            Variant(16384, 1024, top_k=True, coupling=2), Variant(65536, 16, top_k=True, coupling=1)]
 
 
 def main(argv=None) -> None:

@@ -121,11 +121,11 @@ def verify_triton(
     cfg_scale: float,
     temperature: float,
     top_k: int,
-    mode: int,
+    rule: int,
     entropy_coef: float,
     tvd_threshold: float,
     start: torch.Tensor,
-    next_drafts: int,
+    coupling: int,
     positions: torch.Tensor,
     seed: torch.Tensor,
     offset: torch.Tensor,
@@ -165,7 +165,7 @@ def verify_triton(
             offset_stride=offset.stride(0) if offset.numel() != 1 else 0,
             scalars=(float(cfg_scale), _fp32(1.0 / temperature) if not greedy else 1.0),  # 1/T rounded once, as ref
             flags=dict(HAS_UNCOND=uncond_logits is not None, HAS_Q=has_q, GREEDY=greedy,
-                       MODE_CSD=int(mode) == 1, NEXT_DRAFTS=int(next_drafts), RETURN_PROBS=bool(return_probs),
+                       CSD_RULE=int(rule) == 1, COUPLING=int(coupling), RETURN_PROBS=bool(return_probs),
                        PER_ROW_SEED=seed.numel() != 1),
         )
         launch = _launch_split if chosen.path == "split" else _launch_per_position
@@ -237,7 +237,7 @@ def _launch_split(chosen: Plan, a: _Args, out, scratch, top_k, entropy_coef, tvd
         a.positions, a.positions.stride(0), a.seed, a.seed_stride,
         stats, index, position_count, row_count, L, V, *a.scalars,
         HAS_UNCOND=flags["HAS_UNCOND"], GREEDY=flags["GREEDY"],
-        GUMBEL=flags["NEXT_DRAFTS"] == 2 and not flags["GREEDY"], PER_ROW_SEED=flags["PER_ROW_SEED"],
+        GUMBEL=flags["COUPLING"] == 2 and not flags["GREEDY"], PER_ROW_SEED=flags["PER_ROW_SEED"],
         BLOCK_V=chosen.block, num_warps=chosen.num_warps, enable_fp_fusion=False,
     )
     split.split_finish_kernel[(programs,)](

@@ -41,8 +41,8 @@ inline int logit_dtype_code(const at::Tensor& t, const char* name) {
 inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
                                      const std::optional<at::Tensor>& draft_probs,
                                      const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
-                                     double temperature, int64_t top_k, int64_t mode, double entropy_coef,
-                                     double tvd_threshold, const at::Tensor& start, int64_t next_drafts,
+                                     double temperature, int64_t top_k, int64_t rule, double entropy_coef,
+                                     double tvd_threshold, const at::Tensor& start, int64_t coupling,
                                      const at::Tensor& positions, const at::Tensor& seed, const at::Tensor& offset,
                                      at::Device device) {
   const char* op = "csd_kernels.verify_rows: ";
@@ -94,9 +94,9 @@ inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::
   on_device(offset, "offset");
   TORCH_CHECK(offset.scalar_type() == at::kLong && (offset.numel() == 1 || offset.numel() == a.B), op,
               "offset must be int64 [1] or [B], got ", offset.scalar_type(), " ", offset.sizes());
-  TORCH_CHECK(mode == kModeStrict || mode == kModeCsd, op, "mode must be 0 (strict) or 1 (csd), got ", mode);
-  TORCH_CHECK(next_drafts >= 0 && next_drafts <= 2, op,
-              "next_drafts must be 0 (independent), 1 (maximal) or 2 (gumbel), got ", next_drafts);
+  TORCH_CHECK(rule == kRuleStrict || rule == kRuleCsd, op, "rule must be 0 (strict) or 1 (csd), got ", rule);
+  TORCH_CHECK(coupling >= 0 && coupling <= 2, op,
+              "coupling must be 0 (independent), 1 (maximal) or 2 (gumbel), got ", coupling);
   TORCH_CHECK(temperature >= 0.0, op, "temperature must be >= 0, got ", temperature);
   TORCH_CHECK(top_k >= 0, op, "top_k must be >= 0 (0 = no restriction), got ", top_k);
 
@@ -107,10 +107,10 @@ inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::
   p.greedy = temperature == 0.0 ? 1 : 0;
   p.inv_temperature = temperature > 0.0 ? static_cast<float>(1.0 / temperature) : 1.0f;
   p.top_k = (top_k > 0 && top_k < a.V) ? top_k : 0;
-  p.mode = static_cast<int>(mode);
+  p.rule = static_cast<int>(rule);
   p.entropy_coef = static_cast<float>(entropy_coef);
   p.tvd_threshold = static_cast<float>(tvd_threshold);
-  p.next_drafts = static_cast<int>(next_drafts);
+  p.coupling = static_cast<int>(coupling);
   return a;
 }
 
@@ -205,8 +205,8 @@ namespace csd {
 #define CSD_VERIFY_ROWS_SIGNATURE(NAME)                                                                             \
   VerifyResult NAME(const at::Tensor& target_logits, const at::Tensor& draft_tokens,                               \
                     const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& uncond_logits, \
-                    double cfg_scale, double temperature, int64_t top_k, int64_t mode, double entropy_coef,        \
-                    double tvd_threshold, const at::Tensor& start, int64_t next_drafts,                            \
+                    double cfg_scale, double temperature, int64_t top_k, int64_t rule, double entropy_coef,        \
+                    double tvd_threshold, const at::Tensor& start, int64_t coupling,                            \
                     const at::Tensor& positions, const at::Tensor& seed, const at::Tensor& offset,                 \
                     bool return_probs)
 

@@ -23,8 +23,8 @@
 namespace csd {
 
 // ---- conventions of the op (mirrored in python/bindings.cpp and the Python wrapper) --------------------------------
-enum Mode : int { kModeStrict = 0, kModeCsd = 1 };
-enum NextDrafts : int { kNextIndependent = 0, kNextMaximal = 1, kNextGumbel = 2 };
+enum Rule : int { kRuleStrict = 0, kRuleCsd = 1 };
+enum Coupling : int { kCouplingIndependent = 0, kCouplingMaximal = 1, kCouplingGumbel = 2 };
 enum LogitDtype : int { kLogitF32 = 0, kLogitF16 = 1, kLogitBF16 = 2 };
 
 // Status bits, as reference.STATUS_*.
@@ -116,10 +116,10 @@ struct VerifyParams {
   int greedy;             // temperature == 0
   float inv_temperature;  // float(1/T) (double division, rounded once to fp32), as reference.mixed_logits
   int64_t top_k;          // 0 or >= vocab: no restriction
-  int mode;               // kModeStrict / kModeCsd
+  int rule;               // kRuleStrict / kRuleCsd
   float entropy_coef;     // lambda
   float tvd_threshold;    // tau
-  int next_drafts;        // kNext*
+  int coupling;         // kCoupling*
 };
 
 // z = (u + s*(c - u)) * (1/T)   (no scaling when greedy)
@@ -136,10 +136,10 @@ CSD_HD uint32_t float_order_key(float f) {
 CSD_HD float float_from_order_key(uint32_t k) { return bits_to_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
 
 // a(x) = min(1, p/q [+ lambda*H if csd and TVD < tau]); 0 when q = 0 (reference.acceptance_probability).
-CSD_HD float acceptance_probability(float p_x, float q_x, float h, float tvd, int mode, float entropy_coef,
+CSD_HD float acceptance_probability(float p_x, float q_x, float h, float tvd, int rule, float entropy_coef,
                                     float tvd_threshold) {
   float ratio = q_x > 0.0f ? f_div(p_x, q_x) : 0.0f;
-  if (mode == kModeCsd && tvd < tvd_threshold) ratio = q_x > 0.0f ? f_add(ratio, f_mul(entropy_coef, h)) : 0.0f;
+  if (rule == kRuleCsd && tvd < tvd_threshold) ratio = q_x > 0.0f ? f_add(ratio, f_mul(entropy_coef, h)) : 0.0f;
   return ratio > 1.0f ? 1.0f : ratio;
 }
 
@@ -175,8 +175,8 @@ CSD_HD int64_t sanitized_draft_token(int64_t tok, int64_t vocab) {
 
 // The decision of one position from its reductions.
 struct PositionDecision {
-  float accept_prob;  // a(x) under `mode`
-  float strict_prob;  // a(x) under strict (for next_drafts = maximal)
+  float accept_prob;  // a(x) under `rule`
+  float strict_prob;  // a(x) under strict (for coupling = maximal)
   bool accepted;      // has_draft && u_accept < a(x)
   bool keep_draft;    // has_draft && u_accept < strict_prob
   bool gate_open;     // csd and TVD < tau: the distortion sum uses the relaxed acceptance
@@ -186,11 +186,11 @@ CSD_HD PositionDecision decide_position(float p_x, float q_x, float h, float tvd
                                         const VerifyParams& prm) {
   PositionDecision d;
   if (!has_draft) q_x = 0.0f;
-  d.accept_prob = acceptance_probability(p_x, q_x, h, tvd, prm.mode, prm.entropy_coef, prm.tvd_threshold);
-  d.strict_prob = acceptance_probability(p_x, q_x, h, tvd, kModeStrict, prm.entropy_coef, prm.tvd_threshold);
+  d.accept_prob = acceptance_probability(p_x, q_x, h, tvd, prm.rule, prm.entropy_coef, prm.tvd_threshold);
+  d.strict_prob = acceptance_probability(p_x, q_x, h, tvd, kRuleStrict, prm.entropy_coef, prm.tvd_threshold);
   d.accepted = has_draft && u_accept < d.accept_prob;
   d.keep_draft = has_draft && u_accept < d.strict_prob;
-  d.gate_open = prm.mode == kModeCsd && tvd < prm.tvd_threshold;
+  d.gate_open = prm.rule == kRuleCsd && tvd < prm.tvd_threshold;
   return d;
 }
 
@@ -231,7 +231,7 @@ CSD_HD void row_epilogue(int64_t length, int64_t vocab, int64_t start, const int
 // CPU kernel and to the CUDA launcher alike. [B, L] outputs and workspaces are contiguous.
 struct VerifyProblem {
   int64_t B, L;
-  VerifyParams prm;     // vocab, cfg, temperature, top_k, mode, lambda, tau, next_drafts
+  VerifyParams prm;     // vocab, cfg, temperature, top_k, rule, lambda, tau, coupling
   int logit_dtype;      // LogitDtype
   const void* logits;   // [B, L, V], last-dim stride 1
   int64_t lg_sB, lg_sL;

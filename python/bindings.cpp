@@ -142,8 +142,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 TORCH_LIBRARY(csd_kernels, m) {
   m.def(
       "verify_rows(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, Tensor? uncond_logits, "
-      "float cfg_scale, float temperature, int top_k, int mode, float entropy_coef, float tvd_threshold, "
-      "Tensor start, int next_drafts, Tensor positions, Tensor seed, Tensor offset, bool return_probs) "
+      "float cfg_scale, float temperature, int top_k, int rule, float entropy_coef, float tvd_threshold, "
+      "Tensor start, int coupling, Tensor positions, Tensor seed, Tensor offset, bool return_probs) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import csd_kernels as ck
-from csd_kernels import reference as R
+from csd_kernels import reference as ref
 
 # The torch backend *is* the reference (tested in test_reference.py and test_statistics.py): the others are held to it.
 BACKENDS = [name for name in ck.available_backends("cpu") if name != "torch"]
@@ -47,7 +47,7 @@ def test_backend_matches_reference(backend, batch, length, vocab, dtype, strided
     logits, uncond, probs, drafts = _case(batch, length, vocab, dtype, strided, seed)
     start = torch.arange(batch) % 2
     drafts[:, 0] = drafts[:, 0].clamp(min=0)  # committed positions (< start) need their token
-    kwargs = dict(uncond_logits=uncond, cfg_scale=2.5, temperature=0.9, mode="csd", seed=seed, offset=3,
+    kwargs = dict(uncond_logits=uncond, cfg_scale=2.5, temperature=0.9, rule="csd", seed=seed, offset=3,
                   start=start, positions=torch.arange(batch) * 100)
     _assert_matches(ck.verify(logits, drafts, probs, backend=backend, **kwargs),
                     ck.verify(logits, drafts, probs, backend="torch", **kwargs), dtype)
@@ -57,17 +57,17 @@ def test_backend_matches_reference(backend, batch, length, vocab, dtype, strided
 @pytest.mark.parametrize(
     "options",
     [
-        dict(mode="strict"),
-        dict(mode="csd", next_drafts="maximal"),
-        dict(mode="csd", next_drafts="gumbel"),
-        dict(mode="csd", top_k=10),
-        dict(mode="strict", top_k=1),
-        dict(mode="csd", temperature=0.0),
-        dict(mode="csd", temperature=0.0, next_drafts="gumbel"),
-        dict(mode="csd", entropy_coef=0.0, tvd_threshold=1.0),
-        dict(mode="csd", seed=torch.tensor([5, 2**40, 2**63 + 9 - 2**64], dtype=torch.int64)),
-        dict(mode="csd", offset=torch.tensor([0, 7, 2**62 + 3], dtype=torch.int64)),
-        dict(mode="csd", next_drafts="maximal", offset=torch.tensor([2**40, 1, 2**32], dtype=torch.int64),
+        dict(rule="strict"),
+        dict(rule="csd", coupling="maximal"),
+        dict(rule="csd", coupling="gumbel"),
+        dict(rule="csd", top_k=10),
+        dict(rule="strict", top_k=1),
+        dict(rule="csd", temperature=0.0),
+        dict(rule="csd", temperature=0.0, coupling="gumbel"),
+        dict(rule="csd", entropy_coef=0.0, tvd_threshold=1.0),
+        dict(rule="csd", seed=torch.tensor([5, 2**40, 2**63 + 9 - 2**64], dtype=torch.int64)),
+        dict(rule="csd", offset=torch.tensor([0, 7, 2**62 + 3], dtype=torch.int64)),
+        dict(rule="csd", coupling="maximal", offset=torch.tensor([2**40, 1, 2**32], dtype=torch.int64),
              seed=torch.tensor([5, 6, 7], dtype=torch.int64)),
     ],
 )
@@ -96,7 +96,7 @@ def test_decisions_are_exactly_u_below_a(backend):
     positions = torch.arange(batch) * 17
     res = ck.verify(logits, drafts, probs, uncond_logits=uncond, cfg_scale=2.0, seed=21, offset=4, positions=positions,
                     backend=backend)
-    u_accept, _ = R.step_uniforms(torch.tensor([21]), torch.tensor([4]), positions, length)
+    u_accept, _ = ref.step_uniforms(torch.tensor([21]), torch.tensor([4]), positions, length)
     accepted = u_accept < res.accept_prob
     for b, n in enumerate(res.accept_len.tolist()):
         assert accepted[b, :n].all()
@@ -111,7 +111,7 @@ def test_many_random_rows_agree_across_backends(backend):
     logits, uncond, probs, drafts = _case(batch, length, vocab, torch.bfloat16, True, 99)
     agree = 0
     for offset in range(4):
-        kwargs = dict(uncond_logits=uncond, cfg_scale=5.0, seed=offset, offset=offset, next_drafts=R.NEXT_DRAFTS[offset % 3])
+        kwargs = dict(uncond_logits=uncond, cfg_scale=5.0, seed=offset, offset=offset, coupling=ref.COUPLINGS[offset % 3])
         got = ck.verify(logits, drafts, probs, backend=backend, **kwargs)
         expected = ck.verify(logits, drafts, probs, backend="torch", **kwargs)
         same = (got.tokens == expected.tokens).all(-1) & (got.accept_len == expected.accept_len)

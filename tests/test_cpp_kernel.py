@@ -32,23 +32,23 @@ FLOAT_NAMES = ("probs", "entropy", "tvd", "accept_prob", "distortion")
 DEVICES = ["cpu"] + (["cuda"] if _C.has_cuda() and torch.cuda.is_available() else [])
 
 
-def call_op(c, toks, q, u, *, cfg=1.0, T=1.0, top_k=None, mode="csd", lam=0.5, tau=0.65, start, nd="independent",
+def call_op(c, toks, q, u, *, cfg=1.0, T=1.0, top_k=None, rule="csd", lam=0.5, tau=0.65, start, nd="independent",
             pos, seed, off, return_probs=True):
     out = torch.ops.csd_kernels.verify_rows(
-        c, toks, q, u, float(cfg), float(T), int(top_k or 0), MODES[mode], float(lam), float(tau), start, NEXT[nd],
+        c, toks, q, u, float(cfg), float(T), int(top_k or 0), MODES[rule], float(lam), float(tau), start, NEXT[nd],
         pos, seed, off, return_probs,
     )
     names = ("accept_len", "tokens", "probs", "entropy", "tvd", "accept_prob", "distortion", "status")
     return dict(zip(names, out))
 
 
-def call_ref(c, toks, q, u, *, cfg=1.0, T=1.0, top_k=None, mode="csd", lam=0.5, tau=0.65, start, nd="independent",
+def call_ref(c, toks, q, u, *, cfg=1.0, T=1.0, top_k=None, rule="csd", lam=0.5, tau=0.65, start, nd="independent",
              pos, seed, off, return_probs=True):
     dev = torch.device("cpu")
     mv = lambda t: None if t is None else t.to(dev)  # noqa: E731
     r = ref.verify(
-        mv(c), mv(toks), mv(q), uncond_logits=mv(u), cfg_scale=cfg, temperature=T, top_k=top_k, mode=mode,
-        entropy_coef=lam, tvd_threshold=tau, start=mv(start), next_drafts=nd, positions=mv(pos), seed=mv(seed),
+        mv(c), mv(toks), mv(q), uncond_logits=mv(u), cfg_scale=cfg, temperature=T, top_k=top_k, rule=rule,
+        entropy_coef=lam, tvd_threshold=tau, start=mv(start), coupling=nd, positions=mv(pos), seed=mv(seed),
         offset=mv(off), return_probs=return_probs, compute_dtype=torch.float32,
     )
     return {k: getattr(r, k) for k in ("accept_len", "tokens", "probs", "entropy", "tvd", "accept_prob", "distortion", "status")}
@@ -207,11 +207,11 @@ def test_dtypes_strides_cfg(device, dtype, cfg, strided):
 
 
 @pytest.mark.parametrize("nd", list(NEXT))
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("rule", list(MODES))
 @pytest.mark.parametrize("q", ["full", "uniform", "stride0_rows", None])
-def test_modes_and_next_drafts(device, nd, mode, q):
+def test_modes_and_next_drafts(device, nd, rule, q):
     case = make_case(3, 16, 1000, q=q, cfg=True, seed=11, device=device, per_row_seed=(q == "full"))
-    kw = dict(cfg=1.5, mode=mode, nd=nd, tau=0.9, lam=0.3)
+    kw = dict(cfg=1.5, rule=rule, nd=nd, tau=0.9, lam=0.3)
     compare(call_op(**case, **kw), call_ref(**case, **kw))
 
 
@@ -309,10 +309,10 @@ def test_many_random_rows_tolerate_rare_ties(device):
     """Over many rows the integer outputs may differ only by float tie splits (<= 0.1% of rows)."""
     g = torch.Generator().manual_seed(47)
     mismatches = rows = 0
-    for trial, (q, nd, mode) in enumerate(itertools.product(["full", "uniform", None], list(NEXT), list(MODES))):
+    for trial, (q, nd, rule) in enumerate(itertools.product(["full", "uniform", None], list(NEXT), list(MODES))):
         case = make_case(64, 8, 257, q=q, cfg=bool(trial % 2), seed=1000 + trial, device=device,
                          per_row_seed=bool(trial % 3 == 0))
-        kw = dict(cfg=1.3, nd=nd, mode=mode, T=float(0.5 + torch.rand(1, generator=g)), tau=0.8)
+        kw = dict(cfg=1.3, nd=nd, rule=rule, T=float(0.5 + torch.rand(1, generator=g)), tau=0.8)
         mismatches += compare(call_op(**case, **kw), call_ref(**case, **kw), exact=False)
         rows += 64
     assert mismatches <= max(1, rows // 1000), f"{mismatches} of {rows} rows differ"

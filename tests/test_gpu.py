@@ -44,11 +44,11 @@ def test_triton_is_compiled_not_interpreted():
 # small B·L: the split paths; (64, 16, ·): one program per position (B·L >= 4 x the SM count)
 @pytest.mark.parametrize("shape", [(1, 16, 16384), (16, 16, 16384), (4, 16, 8192), (3, 5, 7), (2, 3, 100_000),
                                    (64, 16, 16384)])
-@pytest.mark.parametrize("next_drafts", ["independent", "maximal", "gumbel"])
-def test_gpu_backend_matches_reference(backend, shape, next_drafts, monkeypatch):
+@pytest.mark.parametrize("coupling", ["independent", "maximal", "gumbel"])
+def test_gpu_backend_matches_reference(backend, shape, coupling, monkeypatch):
     backend = _backend(backend, monkeypatch)
     both, q, drafts = (t.cuda() for t in _inputs(*shape))
-    kwargs = dict(uncond_logits=both[1::2], cfg_scale=5.0, mode="csd", next_drafts=next_drafts, seed=3, offset=7,
+    kwargs = dict(uncond_logits=both[1::2], cfg_scale=5.0, rule="csd", coupling=coupling, seed=3, offset=7,
                   positions=torch.arange(shape[0], device="cuda") * 16)
     got = ck.verify(both[0::2], drafts, q, backend=backend, **kwargs)
     expected = ck.verify(both[0::2], drafts, q, backend="torch", **kwargs)
@@ -64,8 +64,8 @@ def test_gpu_backend_matches_reference(backend, shape, next_drafts, monkeypatch)
 def test_top_k_and_greedy_match_reference(backend, shape, temperature, monkeypatch):
     backend = _backend(backend, monkeypatch)
     both, q, drafts = (t.cuda() for t in _inputs(*shape, seed=2))
-    kwargs = dict(uncond_logits=both[1::2], cfg_scale=3.0, temperature=temperature, top_k=100, mode="csd",
-                  next_drafts="gumbel", seed=5)
+    kwargs = dict(uncond_logits=both[1::2], cfg_scale=3.0, temperature=temperature, top_k=100, rule="csd",
+                  coupling="gumbel", seed=5)
     got = ck.verify(both[0::2], drafts, q, backend=backend, **kwargs)
     expected = ck.verify(both[0::2], drafts, q, backend="torch", **kwargs)
     assert torch.equal(got.tokens, expected.tokens) and torch.equal(got.accept_len, expected.accept_len)
@@ -78,7 +78,7 @@ def test_same_tokens_as_the_cpu_backend(backend, monkeypatch):
     backend = _backend(backend, monkeypatch)
     both, q, drafts = _inputs(512, 16, 4096, seed=1)
     cpu_backend = ck.available_backends("cpu")[0]
-    kwargs = dict(cfg_scale=5.0, mode="csd", seed=11)
+    kwargs = dict(cfg_scale=5.0, rule="csd", seed=11)
     on_cpu = ck.verify(both[0::2], drafts, q, uncond_logits=both[1::2], backend=cpu_backend, **kwargs)
     both, q, drafts = both.cuda(), q.cuda(), drafts.cuda()
     on_gpu = ck.verify(both[0::2], drafts, q, uncond_logits=both[1::2], backend=backend, **kwargs)

@@ -11,7 +11,7 @@ import torch
 from scipy.stats import binomtest, chisquare
 
 import csd_kernels as ck
-from csd_kernels import reference as R
+from csd_kernels import reference as ref
 
 N, V = 40000, 7
 ALPHA = 1e-3
@@ -38,19 +38,19 @@ def _fits(tokens, law):
     return chisquare(_counts(tokens).numpy(), (law * len(tokens)).numpy()).pvalue
 
 
-def _one_position(mode, backend, tvd_threshold=0.65, entropy_coef=0.5, seed=0):
+def _one_position(rule, backend, tvd_threshold=0.65, entropy_coef=0.5, seed=0):
     logits = P_LOGITS.float().expand(N, 1, V)
     q = Q.float().reshape(1, 1, V).expand(N, 1, V)  # stride 0: one q for every row
     drafts = _drafts(Q, N, seed).reshape(N, 1)
-    return ck.verify(logits, drafts, q, mode=mode, tvd_threshold=tvd_threshold, entropy_coef=entropy_coef,
+    return ck.verify(logits, drafts, q, rule=rule, tvd_threshold=tvd_threshold, entropy_coef=entropy_coef,
                      seed=seed, backend=backend)
 
 
-def _analytic_out(mode, tvd_threshold, entropy_coef):
+def _analytic_out(rule, tvd_threshold, entropy_coef):
     p = _p()
-    h, tvd = R.entropy(p), R.total_variation(p, Q)
-    qa = R.accepted_mass(p, Q, h, tvd, mode, entropy_coef, tvd_threshold)
-    return R.output_distribution(p, Q, qa, R.optimal_residual(p, qa)), R.closed_form_distortion(p, Q, qa)
+    h, tvd = ref.entropy(p), ref.total_variation(p, Q)
+    qa = ref.accepted_mass(p, Q, h, tvd, rule, entropy_coef, tvd_threshold)
+    return ref.output_distribution(p, Q, qa, ref.optimal_residual(p, qa)), ref.closed_form_distortion(p, Q, qa)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -79,16 +79,16 @@ def test_csd_mode_with_the_gate_closed_is_lossless(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("next_drafts", R.NEXT_DRAFTS)
-def test_next_drafts_after_a_forced_rejection_are_distributed_as_p(backend, next_drafts):
+@pytest.mark.parametrize("coupling", ref.COUPLINGS)
+def test_next_drafts_after_a_forced_rejection_are_distributed_as_p(backend, coupling):
     logits = P_LOGITS.float().expand(N, 2, V)
     q = Q.float().reshape(1, 1, V).expand(N, 2, V)
     drafts = torch.stack([torch.full((N,), -1), _drafts(Q, N, 1)], dim=1)  # no draft at 0: acceptance stops there
-    res = ck.verify(logits, drafts, q, mode="csd", next_drafts=next_drafts, seed=3, backend=backend)
+    res = ck.verify(logits, drafts, q, rule="csd", coupling=coupling, seed=3, backend=backend)
     assert (res.accept_len == 0).all()
     assert _fits(res.tokens[:, 0], _p()) > ALPHA
     assert _fits(res.tokens[:, 1], _p()) > ALPHA
-    if next_drafts == "maximal":
+    if coupling == "maximal":
         # Maximal coupling keeps the old draft exactly with probability Σ min(p, q) = 1 − TVD(p, q) = 0.7.
         kept = int((res.tokens[:, 1] == drafts[:, 1]).sum())
         assert binomtest(kept, N, float(torch.minimum(_p(), Q).sum())).pvalue > ALPHA
@@ -100,12 +100,12 @@ def test_gumbel_drafts_repeat_for_the_same_seed_row_position_and_p(backend):
     logits = torch.randn(16, 4, 50, generator=g)
     positions = torch.arange(16) * 3
     runs = [
-        ck.verify(logits, torch.full((16, 4), -1), None, next_drafts="gumbel", positions=positions, seed=9, offset=offset,
+        ck.verify(logits, torch.full((16, 4), -1), None, coupling="gumbel", positions=positions, seed=9, offset=offset,
                   backend=backend).tokens[:, 1:]
         for offset in (0, 1, 12345)
     ]
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
-    other_seed = ck.verify(logits, torch.full((16, 4), -1), next_drafts="gumbel", positions=positions, seed=10, backend=backend)
+    other_seed = ck.verify(logits, torch.full((16, 4), -1), coupling="gumbel", positions=positions, seed=10, backend=backend)
     assert not torch.equal(other_seed.tokens[:, 1:], runs[0])
 
 
@@ -114,7 +114,7 @@ def test_same_seed_same_tokens_other_seed_or_offset_other_tokens(backend):
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(8, 16, 100, generator=g)
     drafts = torch.randint(0, 100, (8, 16), generator=g)
-    run = lambda **kw: ck.verify(logits, drafts, mode="strict", backend=backend, **kw).tokens  # noqa: E731
+    run = lambda **kw: ck.verify(logits, drafts, rule="strict", backend=backend, **kw).tokens  # noqa: E731
     assert torch.equal(run(seed=5, offset=2), run(seed=5, offset=2))
     assert not torch.equal(run(seed=5, offset=2), run(seed=6, offset=2))
     assert not torch.equal(run(seed=5, offset=2), run(seed=5, offset=3))

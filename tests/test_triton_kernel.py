@@ -173,12 +173,12 @@ def forced_plan(path, V):
     return tv.Plan("split", max(4, block), 4)
 
 
-def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, mode=1, entropy_coef=0.4, tvd_threshold=0.65,
-             next_drafts=0, return_probs=True, path=None):
+def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, rule=1, entropy_coef=0.4, tvd_threshold=0.65,
+             coupling=0, return_probs=True, path=None):
     dev = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
     args = (
         dev["target_logits"], dev["draft_tokens"], dev["draft_probs"], dev["uncond_logits"], cfg_scale, temperature,
-        top_k, mode, entropy_coef, tvd_threshold, dev["start"], next_drafts, dev["positions"], dev["seed"],
+        top_k, rule, entropy_coef, tvd_threshold, dev["start"], coupling, dev["positions"], dev["seed"],
         dev["offset"], return_probs,
     )
     if path is None:
@@ -190,9 +190,9 @@ def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, mode=1, entropy_c
             got = tv.verify_triton(*args)
     expected = ref.verify(
         case["target_logits"], case["draft_tokens"], case["draft_probs"], uncond_logits=case["uncond_logits"],
-        cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None, mode=ref.MODES[mode],
+        cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None, rule=ref.RULES[rule],
         entropy_coef=entropy_coef, tvd_threshold=tvd_threshold, start=case["start"],
-        next_drafts=ref.NEXT_DRAFTS[next_drafts], positions=case["positions"], seed=case["seed"],
+        coupling=ref.COUPLINGS[coupling], positions=case["positions"], seed=case["seed"],
         offset=case["offset"], return_probs=return_probs, compute_dtype=torch.float32,
     )
     return [t.cpu() for t in got], expected
@@ -224,21 +224,21 @@ CASES = [
     (1, 1, 1, dict(q=None), dict(temperature=0.0)),
     (3, 5, 7, {}, {}),
     (3, 5, 7, dict(q=None), {}),
-    (3, 5, 7, dict(q="uniform", uncond=False), dict(next_drafts=1)),
-    (3, 5, 7, dict(q="sparse"), dict(next_drafts=1)),
-    (3, 5, 7, dict(dtype=torch.bfloat16), dict(next_drafts=2)),
-    (3, 5, 7, dict(dtype=torch.float16, q=None), dict(next_drafts=2, top_k=3)),
+    (3, 5, 7, dict(q="uniform", uncond=False), dict(coupling=1)),
+    (3, 5, 7, dict(q="sparse"), dict(coupling=1)),
+    (3, 5, 7, dict(dtype=torch.bfloat16), dict(coupling=2)),
+    (3, 5, 7, dict(dtype=torch.float16, q=None), dict(coupling=2, top_k=3)),
     (3, 5, 7, dict(int_logits=True), dict(top_k=2, temperature=1.0)),  # top-k ties kept, ±0
-    (3, 5, 7, dict(int_logits=True, q=None), dict(temperature=0.0, next_drafts=2)),  # greedy ties: lowest index
-    (3, 5, 7, dict(start=2, q=None), dict(mode=0)),
-    (3, 5, 7, dict(start=5), dict(mode=0, next_drafts=2)),
-    (3, 5, 7, dict(seed_rows=True, strided=True), dict(next_drafts=2)),
+    (3, 5, 7, dict(int_logits=True, q=None), dict(temperature=0.0, coupling=2)),  # greedy ties: lowest index
+    (3, 5, 7, dict(start=2, q=None), dict(rule=0)),
+    (3, 5, 7, dict(start=5), dict(rule=0, coupling=2)),
+    (3, 5, 7, dict(seed_rows=True, strided=True), dict(coupling=2)),
     (3, 5, 7, dict(bad_tokens=True, start=1, q=None), {}),
     (1, 5, 1000, {}, dict(return_probs=False)),
-    (3, 5, 1000, dict(dtype=torch.bfloat16, strided=True), dict(top_k=50, next_drafts=2)),
-    (3, 1, 1000, dict(q=None, uncond=False), dict(temperature=0.0, next_drafts=1)),
+    (3, 5, 1000, dict(dtype=torch.bfloat16, strided=True), dict(top_k=50, coupling=2)),
+    (3, 1, 1000, dict(q=None, uncond=False), dict(temperature=0.0, coupling=1)),
     (3, 5, 1000, dict(q="uniform", dtype=torch.float16), dict(entropy_coef=2.0, tvd_threshold=1.0)),
-    (1, 5, 1000, dict(q="sparse", start=2, seed_rows=True), dict(next_drafts=1, top_k=10)),
+    (1, 5, 1000, dict(q="sparse", start=2, seed_rows=True), dict(coupling=1, top_k=10)),
 ]
 
 
@@ -266,7 +266,7 @@ def test_large_vocab_in_registers():
     V = 16384
     assert triton.next_power_of_2(V) <= tv.REGISTER_MAX_BLOCK
     case = make_case(1, 2, V, dtype=torch.bfloat16, q="dense")
-    got, expected = run_both(case, next_drafts=2, top_k=100)
+    got, expected = run_both(case, coupling=2, top_k=100)
     check(got, expected, V)
 
 
@@ -286,8 +286,8 @@ def test_bad_inputs_flagged(path):
     tokens[1, 2] = V + 4  # out of range
     tokens[2, 1] = -3
     case.update(target_logits=c, uncond_logits=u, draft_probs=q, draft_tokens=tokens)
-    for next_drafts in (0, 2):
-        got, expected = run_both(case, next_drafts=next_drafts, path=path)
+    for coupling in (0, 2):
+        got, expected = run_both(case, coupling=coupling, path=path)
         check(got, expected, V)
         assert got[-1].tolist() == [1 | 8, 1 | 2 | 4, 1 | 2 | 4 | 8]  # row 2: a bad token at a committed position
 
@@ -309,8 +309,8 @@ def test_random_rows_many():
     q = case["draft_probs"]
     case["draft_tokens"] = torch.multinomial(q.reshape(-1, V), 1, generator=torch.Generator().manual_seed(4)).reshape(B, L)
     mism = 0
-    for next_drafts in (0, 1, 2):
-        got, expected = run_both(case, next_drafts=next_drafts, cfg_scale=1.0, temperature=1.3)
+    for coupling in (0, 1, 2):
+        got, expected = run_both(case, coupling=coupling, cfg_scale=1.0, temperature=1.3)
         mism += int((got[1] != expected.tokens).sum())
         assert torch.equal(got[0], expected.accept_len)
         torch.testing.assert_close(got[5], expected.accept_prob, rtol=1e-4, atol=1e-5)
@@ -322,12 +322,12 @@ def test_random_rows_many():
     "B, L, V, case_kw, op_kw",
     [
         (2, 3, 100, {}, {}),
-        (2, 3, 100, dict(q=None, dtype=torch.bfloat16), dict(next_drafts=2)),
-        (2, 3, 100, dict(q="sparse", strided=True), dict(next_drafts=1)),
-        (2, 3, 100, dict(q="uniform"), dict(temperature=0.0, next_drafts=2)),
+        (2, 3, 100, dict(q=None, dtype=torch.bfloat16), dict(coupling=2)),
+        (2, 3, 100, dict(q="sparse", strided=True), dict(coupling=1)),
+        (2, 3, 100, dict(q="uniform"), dict(temperature=0.0, coupling=2)),
         (2, 2, 70, dict(int_logits=True, q=None), dict(temperature=0.0)),
-        (2, 3, 100, dict(int_logits=True, seed_rows=True), dict(next_drafts=2)),  # gumbel ties across slices
-        (2, 3, 100, dict(start=2), dict(mode=0, return_probs=False)),
+        (2, 3, 100, dict(int_logits=True, seed_rows=True), dict(coupling=2)),  # gumbel ties across slices
+        (2, 3, 100, dict(start=2), dict(rule=0, return_probs=False)),
     ],
 )
 def test_many_blocks_per_row(B, L, V, case_kw, op_kw, path):
@@ -339,7 +339,7 @@ def test_many_blocks_per_row(B, L, V, case_kw, op_kw, path):
 
 def test_chunked_top_k_matches_reference():
     case = make_case(1, 2, 100, int_logits=True)
-    got, expected = run_both(case, path="chunked", top_k=7, next_drafts=2)
+    got, expected = run_both(case, path="chunked", top_k=7, coupling=2)
     check(got, expected, 100)
 
 
@@ -351,7 +351,7 @@ def test_bad_inputs_over_many_blocks(path):
     c[0, 1, 50] = float("-inf")
     q[1, 2, 70] = float("inf")
     case.update(target_logits=c, draft_probs=q)
-    got, expected = run_both(case, path=path, next_drafts=2)
+    got, expected = run_both(case, path=path, coupling=2)
     check(got, expected, V)
     assert got[-1].tolist()[0] & ref.STATUS_BAD_LOGITS and got[-1].tolist()[1] & ref.STATUS_BAD_DRAFT_PROBS
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from torch.library import opcheck
 
 import csd_kernels as ck
-from csd_kernels import reference as R
+from csd_kernels import reference as ref
 
 BACKENDS = ck.available_backends("cpu")
 FAST_BACKENDS = [name for name in BACKENDS if name != "triton"]  # the interpreter is too slow for fuzzing
@@ -34,8 +34,8 @@ def _inputs(batch=2, length=3, vocab=5, seed=0):
         (dict(tvd_threshold=-0.1), "tvd_threshold"),
         (dict(entropy_coef=-1.0), "entropy_coef"),
         (dict(entropy_coef=float("inf")), "entropy_coef"),
-        (dict(mode="fast"), "mode"),
-        (dict(next_drafts="best"), "next_drafts"),
+        (dict(rule="fast"), "rule"),
+        (dict(coupling="best"), "coupling"),
         (dict(cfg_scale=5.0), "cfg_scale"),
         (dict(seed=-1), "seed"),
         (dict(seed=1 << 64), "seed"),
@@ -85,7 +85,7 @@ def test_non_finite_logits_are_reported_and_never_give_out_of_range_tokens(backe
     with pytest.raises(ValueError, match="NaN or ±Inf"):
         ck.verify(logits, drafts, **kwargs)
     res = ck.verify(logits, drafts, validate=False, **kwargs)
-    assert res.status.tolist() == [0, R.STATUS_BAD_LOGITS, 0]
+    assert res.status.tolist() == [0, ref.STATUS_BAD_LOGITS, 0]
     assert ((res.tokens >= 0) & (res.tokens < 5)).all()
     assert res.accept_len[1] <= 1
 
@@ -98,7 +98,7 @@ def test_bad_draft_values_are_reported(backend):
     with pytest.raises(ValueError, match=r"draft_tokens must lie in \[-1, V\)"):
         ck.verify(logits, out_of_range, backend=backend)
     res = ck.verify(logits, out_of_range, backend=backend, validate=False)
-    assert res.status.tolist() == [R.STATUS_BAD_DRAFT_TOKEN, 0] and ((res.tokens >= 0) & (res.tokens < 5)).all()
+    assert res.status.tolist() == [ref.STATUS_BAD_DRAFT_TOKEN, 0] and ((res.tokens >= 0) & (res.tokens < 5)).all()
     probs = torch.softmax(torch.randn(2, 3, 5), -1)
     probs[1, 0, 0] = -0.5
     with pytest.raises(ValueError, match="draft_probs must be finite and non-negative"):
@@ -163,7 +163,7 @@ def test_torch_compile_fullgraph(backend):
     logits, drafts = _inputs(batch=3, length=4, vocab=11)
 
     def step(logits, drafts):
-        res = ck.verify(logits, drafts, seed=torch.tensor([7]), offset=torch.tensor([2]), mode="csd", validate=False,
+        res = ck.verify(logits, drafts, seed=torch.tensor([7]), offset=torch.tensor([2]), rule="csd", validate=False,
                         backend=backend)
         return res.accept_len, res.tokens, res.entropy
 
@@ -178,11 +178,11 @@ def test_torch_compile_fullgraph(backend):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     batch=st.integers(1, 4), length=st.integers(1, 6), vocab=st.integers(1, 300), data=st.data(),
-    mode=st.sampled_from(R.MODES), next_drafts=st.sampled_from(R.NEXT_DRAFTS),
+    rule=st.sampled_from(ref.RULES), coupling=st.sampled_from(ref.COUPLINGS),
     temperature=st.sampled_from([0.0, 0.5, 1.0, 2.0]), cfg=st.sampled_from([None, 1.0, 4.0]),
     with_probs=st.booleans(), seed=st.integers(0, 2**64 - 1),
 )
-def test_fuzz_backends_against_reference(batch, length, vocab, data, mode, next_drafts, temperature, cfg, with_probs, seed):
+def test_fuzz_backends_against_reference(batch, length, vocab, data, rule, coupling, temperature, cfg, with_probs, seed):
     g = torch.Generator().manual_seed(seed % (2**63))
     logits = 4 * torch.randn(batch, length, vocab, generator=g)
     uncond = torch.randn(batch, length, vocab, generator=g) if cfg is not None else None
@@ -191,9 +191,9 @@ def test_fuzz_backends_against_reference(batch, length, vocab, data, mode, next_
     start = torch.randint(0, length + 1, (batch,), generator=g)
     drafts = torch.where(torch.arange(length) < start[:, None], drafts.clamp(min=0), drafts)
     top_k = data.draw(st.one_of(st.none(), st.integers(1, vocab + 2)))
-    kwargs = dict(uncond_logits=uncond, cfg_scale=cfg or 1.0, temperature=temperature, top_k=top_k, mode=mode,
+    kwargs = dict(uncond_logits=uncond, cfg_scale=cfg or 1.0, temperature=temperature, top_k=top_k, rule=rule,
                   entropy_coef=data.draw(st.floats(0, 2)), tvd_threshold=data.draw(st.floats(0, 1)), start=start,
-                  next_drafts=next_drafts, positions=torch.randint(0, 2**40, (batch,), generator=g), seed=seed,
+                  coupling=coupling, positions=torch.randint(0, 2**40, (batch,), generator=g), seed=seed,
                   offset=data.draw(st.integers(0, 2**63 - 1)))
     expected = ck.verify(logits, drafts, probs, backend="torch", **kwargs)
     assert ((expected.tokens >= 0) & (expected.tokens < vocab)).all()

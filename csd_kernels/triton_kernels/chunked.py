@@ -187,7 +187,7 @@ def position_chunked_kernel(
     res_ptr, later_ptr, flags_ptr,
     L, V, cfg_scale, inv_t, top_k, entropy_coef, tvd_threshold,
     HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr, TOP_K: tl.constexpr,
-    MODE_CSD: tl.constexpr, NEXT_DRAFTS: tl.constexpr, RETURN_PROBS: tl.constexpr,
+    CSD_RULE: tl.constexpr, COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """Grid (B·L,): one program per (row, window position), the row in BLOCK_V chunks. Parameters: common.py."""
@@ -205,12 +205,12 @@ def position_chunked_kernel(
     if TOP_K:  # the launcher sets TOP_K only with T > 0
         thr = _top_k_threshold(c_row, u_row, V, top_k, cfg_scale, inv_t, HAS_UNCOND, BLOCK_V)
     bad, m, z_sum, amax, g_index = _softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, pos, row_id, k0, k1,
-                                                  HAS_UNCOND, GREEDY, TOP_K, NEXT_DRAFTS == GUMBEL, BLOCK_V)
+                                                  HAS_UNCOND, GREEDY, TOP_K, COUPLING == GUMBEL, BLOCK_V)
     h, abs_diff, p_sum, p_x, q_x, bad_q, residual, p_total = _stats_sweep(
         c_row, u_row, q_row, s_qv, probs_ptr + pid * V, x, bad, V, thr, m, z_sum, amax, cfg_scale, inv_t,
         HAS_UNCOND, HAS_Q, GREEDY, TOP_K, RETURN_PROBS, BLOCK_V)
     tvd = tl.where(bad_q, 0.5 * p_sum, 0.5 * abs_diff)  # a flagged q counts as the zero vector
-    a, strict_a = acceptance(p_x, tl.where(bad_q, 0.0, q_x), h, tvd, entropy_coef, tvd_threshold, MODE_CSD)
+    a, strict_a = acceptance(p_x, tl.where(bad_q, 0.0, q_x), h, tvd, entropy_coef, tvd_threshold, CSD_RULE)
     accepted = has_draft & (u_acc < a)
 
     # residual draws use max(p − q, 0) unless it sums to 0, there is no draft, or q was flagged (then p)
@@ -218,15 +218,15 @@ def position_chunked_kernel(
     dist, resampled, from_p = _draw_sweep(
         c_row, u_row, q_row, s_qv, x, bad_q, use_r, u_smp * tl.where(use_r, residual, p_total), u_smp * p_total,
         entropy_coef * h, V, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, HAS_Q, GREEDY, TOP_K,
-        NEXT_DRAFTS == INDEPENDENT, BLOCK_V)
-    if MODE_CSD:
+        COUPLING == INDEPENDENT, BLOCK_V)
+    if CSD_RULE:
         dist = tl.where(has_draft & (tvd < tvd_threshold), dist, 0.0)
     else:
         dist = tl.zeros_like(dist)
 
-    if NEXT_DRAFTS == INDEPENDENT:
+    if COUPLING == INDEPENDENT:
         later = from_p
-    elif NEXT_DRAFTS == MAXIMAL:
+    elif COUPLING == MAXIMAL:
         later = tl.where(has_draft & (u_acc < strict_a), x.to(tl.int32), resampled)
     elif GREEDY:
         later = amax

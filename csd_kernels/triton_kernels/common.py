@@ -14,8 +14,8 @@ Kernel parameters, named alike in every path:
   ``res_ptr`` (resampled token), ``later_ptr`` (the draw for positions after accept_len), ``flags_ptr`` (status bits
   and F_STOP) [B, L] int32, read by the row epilogue.
 * scalars ``L``, ``V``, ``cfg_scale``, ``inv_t`` (1/T rounded to fp32), ``top_k``, ``entropy_coef`` (λ),
-  ``tvd_threshold`` (τ); constexpr switches ``HAS_UNCOND``, ``HAS_Q``, ``GREEDY`` (T = 0), ``TOP_K``, ``MODE_CSD``,
-  ``NEXT_DRAFTS`` (INDEPENDENT / MAXIMAL / GUMBEL), ``RETURN_PROBS``, ``PER_ROW_SEED``, ``BLOCK_V``.
+  ``tvd_threshold`` (τ); constexpr switches ``HAS_UNCOND``, ``HAS_Q``, ``GREEDY`` (T = 0), ``TOP_K``, ``CSD_RULE``,
+  ``COUPLING`` (INDEPENDENT / MAXIMAL / GUMBEL), ``RETURN_PROBS``, ``PER_ROW_SEED``, ``BLOCK_V``.
 """
 
 import triton
@@ -33,9 +33,9 @@ S_BAD_TOKEN = tl.constexpr(ref.STATUS_BAD_DRAFT_TOKEN)
 S_BAD_PROBS = tl.constexpr(ref.STATUS_BAD_DRAFT_PROBS)
 S_MISSING = tl.constexpr(ref.STATUS_MISSING_COMMITTED_TOKEN)
 F_STOP = tl.constexpr(16)  # flag bit (scratch only): this position ends the accepted prefix
-INDEPENDENT = tl.constexpr(ref.NEXT_DRAFTS.index("independent"))
-MAXIMAL = tl.constexpr(ref.NEXT_DRAFTS.index("maximal"))
-GUMBEL = tl.constexpr(ref.NEXT_DRAFTS.index("gumbel"))
+INDEPENDENT = tl.constexpr(ref.COUPLINGS.index("independent"))
+MAXIMAL = tl.constexpr(ref.COUPLINGS.index("maximal"))
+GUMBEL = tl.constexpr(ref.COUPLINGS.index("gumbel"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -151,12 +151,12 @@ def window_draft(draft_ptr, s_db, s_dl, start_ptr, s_start, b, i, V):
 
 
 @triton.jit
-def acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, MODE_CSD: tl.constexpr):
+def acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, CSD_RULE: tl.constexpr):
     """(a(x), strict a(x)) as reference.acceptance_probability: 0 where q(x) = 0."""
     pos_ok = q_x > 0
     ratio = tl.where(pos_ok, p_x / tl.where(pos_ok, q_x, 1.0), 0.0)
     strict_a = tl.minimum(ratio, 1.0)
-    if MODE_CSD:
+    if CSD_RULE:
         a = tl.minimum(tl.where(tvd < tvd_threshold, tl.where(pos_ok, ratio + entropy_coef * h, 0.0), ratio), 1.0)
     else:
         a = strict_a

@@ -52,7 +52,7 @@ def position_kernel(
     res_ptr, later_ptr, flags_ptr,
     L, V, cfg_scale, inv_t, top_k, entropy_coef, tvd_threshold,
     HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr, TOP_K: tl.constexpr,
-    MODE_CSD: tl.constexpr, NEXT_DRAFTS: tl.constexpr, RETURN_PROBS: tl.constexpr,
+    CSD_RULE: tl.constexpr, COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """Grid (B·L,): one program per (row, window position), BLOCK_V >= V. Parameters: see common.py."""
@@ -91,9 +91,9 @@ def position_kernel(
     q_x = tl.sum(tl.where(offs == x, q, 0.0), 0)
 
     # ---- decision and closed-form distortion
-    a, strict_a = acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, MODE_CSD)
+    a, strict_a = acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, CSD_RULE)
     dist = tl.zeros_like(h)
-    if MODE_CSD:
+    if CSD_RULE:
         dist = tl.sum(gated_distortion(p, q, entropy_coef * h), 0)
         dist = tl.where(has_draft & (tvd < tvd_threshold), dist, 0.0)
     pos, row_id, k0, k1, u_acc, u_smp = position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
@@ -105,12 +105,12 @@ def position_kernel(
     resampled = inverse_cdf(tl.where(has_draft & (tl.sum(r, 0) > 0), r, p), offs, mask, u_smp, V, BLOCK_V)
 
     # ---- the draw for positions after accept_len
-    if NEXT_DRAFTS == INDEPENDENT:
+    if COUPLING == INDEPENDENT:
         later = inverse_cdf(p, offs, mask, u_smp, V, BLOCK_V)
-    elif NEXT_DRAFTS == MAXIMAL:
+    elif COUPLING == MAXIMAL:
         later = tl.where(has_draft & (u_acc < strict_a), x.to(tl.int32), resampled)
     else:
-        tl.static_assert(NEXT_DRAFTS == GUMBEL)
+        tl.static_assert(COUPLING == GUMBEL)
         if GREEDY:
             later = amax
         else:

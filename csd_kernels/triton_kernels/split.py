@@ -210,14 +210,14 @@ def split_finish_kernel(
     stats_ptr, index_ptr, sums_ptr, bad_q_ptr, position_count_ptr, row_count_ptr,
     tokens_ptr, accept_len_ptr, status_ptr,
     L, V, cfg_scale, inv_t, entropy_coef, tvd_threshold,
-    HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr, MODE_CSD: tl.constexpr,
-    NEXT_DRAFTS: tl.constexpr, RETURN_PROBS: tl.constexpr, PER_ROW_SEED: tl.constexpr,
+    HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr, CSD_RULE: tl.constexpr,
+    COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr, PER_ROW_SEED: tl.constexpr,
     BLOCK_V: tl.constexpr, S_BLOCK: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     """Grid (B·L·S,), after split_stats_kernel. Parameters: common.py, plus the workspaces of the module docstring."""
     pid, position, n_split, s, b, i, offs, mask = _split_coords(L, V, BLOCK_V)
     bad, m, inv_z, h, amax, gumbel_later = _combine_stats(stats_ptr, index_ptr, position, n_split, V, GREEDY,
-                                                          NEXT_DRAFTS == GUMBEL, S_BLOCK)
+                                                          COUPLING == GUMBEL, S_BLOCK)
     c_row = logits_ptr + b * s_cb + i * s_cl
     u_row = uncond_ptr + b * s_ub + i * s_ul
     q_row = q_ptr + b * s_qb + i * s_ql
@@ -260,9 +260,9 @@ def split_finish_kernel(
             q_x = tl.where(has_draft, 1.0, 0.0)
         p_x = tl.where(has_draft, p_x, 0.0)
 
-        a, strict_a = acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, MODE_CSD)
+        a, strict_a = acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, CSD_RULE)
         dist = tl.zeros_like(h)
-        if MODE_CSD:  # the slices summed the gated terms; a flagged q counts as the zero vector
+        if CSD_RULE:  # the slices summed the gated terms; a flagged q counts as the zero vector
             gated = tl.sum(tl.load(sums + 3, mask=smask, other=0.0, cache_modifier=".cg"), 0)
             dist = tl.where(has_draft & (tvd < tvd_threshold) & ~bad_q_row, gated, 0.0)
 
@@ -273,13 +273,13 @@ def split_finish_kernel(
         totals = sums_ptr + tl.where(use_r, 1, 2)
         resampled = _slice_search(totals, position, n_split, u_smp, c_row, u_row, q_row, s_qv, x, bad, m, inv_z, amax,
                                   cfg_scale, inv_t, V, use_r, HAS_UNCOND, HAS_Q, GREEDY, BLOCK_V, S_BLOCK)
-        if NEXT_DRAFTS == INDEPENDENT:
+        if COUPLING == INDEPENDENT:
             later = resampled
             if use_r:  # with use_r false both draws are the same draw from p
                 later = _slice_search(sums_ptr + 2, position, n_split, u_smp, c_row, u_row, q_row, s_qv, x, bad, m,
                                       inv_z, amax, cfg_scale, inv_t, V, False, HAS_UNCOND, HAS_Q, GREEDY, BLOCK_V,
                                       S_BLOCK)
-        elif NEXT_DRAFTS == MAXIMAL:
+        elif COUPLING == MAXIMAL:
             later = tl.where(has_draft & (u_acc < strict_a), x.to(tl.int32), resampled.to(tl.int32))
         else:
             later = gumbel_later

@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   // 5. draws
   const Row<T>& r = row;
   auto w_p = [&r](int64_t v) { return r.p(v); };
-  const bool need_from_p = !has_draft || prm.next_drafts == kNextIndependent;
+  const bool need_from_p = !has_draft || prm.coupling == kCouplingIndependent;
   int64_t from_p = need_from_p ? block_inverse_cdf(w_p, V, u_sample, sh) : -1;
   int64_t resampled = from_p;
   if (has_draft) {
@@ -201,9 +201,9 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
 
   // 6. the token drafted for later positions
   int64_t later;
-  if (prm.next_drafts == kNextIndependent) {
+  if (prm.coupling == kCouplingIndependent) {
     later = from_p;
-  } else if (prm.next_drafts == kNextMaximal) {
+  } else if (prm.coupling == kCouplingMaximal) {
     later = dec.keep_draft ? token : resampled;
   } else if (prm.greedy) {
     later = row.greedy_token;

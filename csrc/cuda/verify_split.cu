@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_stats_kernel(VerifyProble
     }
     z_sum = block_sum(zs, sh);
     s1 = block_sum(es, sh);
-    if (a.prm.next_drafts == kNextGumbel) {
+    if (a.prm.coupling == kCouplingGumbel) {
       const bool shared_seed = a.n_seed == 1;
       const RowKey key = row_key(a.seed[shared_seed ? 0 : c.b], shared_seed, c.b);
       const uint32_t pos = absolute_position(a.positions[c.b], c.i);
@@ -187,7 +187,7 @@ __device__ Combined combine_stats(const VerifyProblem& a, const SplitBlock& c, c
   row.m = m;
   row.scale = f_div(1.0f, static_cast<float>(z_total));
   out.h = entropy_from_sums(z_total, s1_total);
-  if (a.prm.next_drafts == kNextGumbel) out.gumbel_token = block_argmax(best, best_i, sh);
+  if (a.prm.coupling == kCouplingGumbel) out.gumbel_token = block_argmax(best, best_i, sh);
   return out;
 }
 
@@ -345,14 +345,14 @@ __global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProbl
       return d > 0.0f ? d : 0.0f;
     };
     const bool use_residual = has_draft && !sums.bad_q && sums.residual > 0.0;
-    const bool need_from_p = !use_residual || prm.next_drafts == kNextIndependent;
+    const bool need_from_p = !use_residual || prm.coupling == kCouplingIndependent;
     const int64_t from_p = need_from_p ? split_inverse_cdf(w_p, ws.p_sum, a, c, u_sample, sh) : -1;
     const int64_t resampled =
         use_residual ? split_inverse_cdf(w_res, ws.residual_sum, a, c, u_sample, sh) : from_p;
     int64_t later;
-    if (prm.next_drafts == kNextIndependent)
+    if (prm.coupling == kCouplingIndependent)
       later = from_p;
-    else if (prm.next_drafts == kNextMaximal)
+    else if (prm.coupling == kCouplingMaximal)
       later = dec.keep_draft ? token : resampled;
     else
       later = st.gumbel_token;

@@ -1,0 +1,240 @@
+"""Speculative Jacobi decoding of AR image generators: ``generate(model, input_ids, mode=...)``.
+
+Each iteration drafts a window of W grid tokens per row, runs the model once on the last committed token and the
+drafts, verifies the window (by mode: ar, jd, sjd, gsd, csd), commits the accepted prefix plus the resampled token and
+keeps the rest as the next drafts (their q = this iteration's p). Rows keep their own windows and random streams
+(keyed by seed, grid position and the row's own attempt count), so a batched row equals the row alone; rows more than
+``max_lead`` tokens ahead of the slowest sit an iteration out, bounding the forward to max_lead + W tokens. One host
+sync per iteration (accept_len). See the README, "The decoding loop", for the modes, the couplings and the counting.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from .. import reference as ref
+from ..grouped import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
+from ..models import get_adapter
+from .state import RowState
+from .steps import VERIFY, Settings, commit, draft_probs, draft_window, forward
+
+__all__ = ["MODES", "COUPLINGS", "DEFAULT_COUPLING", "DRAFT_INITS", "GenerateOutput", "generate"]
+
+MODES = ("ar", "jd", "sjd", "gsd", "csd")
+COUPLINGS = ref.COUPLINGS  # how sjd / csd draw the next drafts; ar, jd and gsd draw them independently
+DEFAULT_COUPLING = "maximal"  # lossless-tested like the others, and the fewest passes (README, "The decoding loop")
+DRAFT_INITS = ("uniform", "above")
+DEFAULT_MAX_LEAD_FACTOR = 1  # max_lead=None means one window (the trade-off is measured in the README)
+
+
+@dataclass
+class GenerateOutput:
+    tokens: torch.Tensor  # [B, H*W] int64 grid ids, raster order
+    images: Optional[torch.Tensor]  # [B, H_px, W_px, 3] uint8, or None without a pixel decoder
+    forward_passes: int  # target-model forward calls of the decoding loop (exact; prefill not included)
+    prefill_passes: int  # target-model forward calls of the prefill (0 or 1)
+    accepted: list  # per forward pass: [B] tokens committed by each row in that pass
+    entropy_map: torch.Tensor  # [B, H, W] entropy (nats) of p at each token when it was committed
+    accept_map: torch.Tensor  # [B, H, W] acceptance probability of the draft there when committed (0: no draft)
+    distortion_map: torch.Tensor  # [B, H, W] ½Σ|out − p| of the committing step (0 = lossless; NaN for jd)
+    tvd_map: torch.Tensor  # [B, H, W] TVD(p, q) of the committing step (NaN where there was no draft)
+    timings: dict = field(default_factory=dict)  # seconds: model, verify, decode, rest, total
+    sequences: Optional[torch.Tensor] = None  # [B, T] the image part in the model's own vocabulary and layout
+
+    def passes_per_row(self) -> np.ndarray:
+        """[B] forward passes each row needed: the passes in which it still committed tokens (every row has its own
+        window, so this is the count the row would need if generated alone)."""
+        return (np.asarray(self.accepted) > 0).sum(0)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    input_ids: Optional[torch.Tensor] = None,
+    *,
+    prompt_embeds: Optional[torch.Tensor] = None,
+    attention_mask: Optional[torch.Tensor] = None,
+    mode: str = "csd",
+    window: int = 16,
+    cfg_scale: float = 5.0,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    entropy_coef: float = 0.5,
+    tvd_threshold: float = 0.65,
+    draft_init: str = "uniform",
+    coupling: Optional[str] = None,
+    seed: Union[int, Sequence[int], torch.Tensor] = 0,
+    progress: bool = False,
+    backend: Optional[str] = None,
+    group_rank: int = DEFAULT_GROUP_RANK,
+    group_delta: float = DEFAULT_GROUP_DELTA,
+    sync_timings: bool = False,
+    max_lead: Optional[int] = None,
+) -> GenerateOutput:
+    """Generate images with speculative Jacobi decoding (see the module docstring).
+
+    model: a JanusForConditionalGeneration, a ChameleonForConditionalGeneration (Lumina-mGPT layout), a LlamaGen
+    adapter (csd_kernels.models.load_llamagen), an ImageGPT-wrapped causal LM, or any csd_kernels.models.ImageAdapter.
+    input_ids [B, S] (left-padded with attention_mask when prompts differ in length), or instead prompt_embeds
+    [B, S, C] for adapters that take embedded prompts (they implement ``prefill_embeds``, e.g. LlamaGen t2i caption
+    features). seed: int s (row b gets s + b) or B per-row seeds. cfg_scale = 1 runs no unconditional rows.
+    coupling: the next drafts of sjd / csd, one of COUPLINGS (None: DEFAULT_COUPLING). group_rank / group_delta: the
+    GSD group (k, δ). sync_timings: on CUDA, synchronise around the timed phases (otherwise asynchronous model work is
+    attributed to verify, where the loop waits for accept_len). max_lead: rows more than max_lead committed tokens
+    ahead of the slowest row pause (None = one window); the tokens do not depend on it, only the pass counts do.
+    """
+    batch = _check_prompt(input_ids, prompt_embeds)
+    coupling = _check_args(mode, window, temperature, top_k, draft_init, coupling, max_lead)
+    adapter = get_adapter(model)
+    device = adapter.device
+    total = adapter.grid[0] * adapter.grid[1]
+    window = 1 if mode == "ar" else min(window, total)
+    run = Settings(mode, window, total, adapter.grid[1], adapter.vocab_size, cfg_scale, temperature, top_k,
+                   entropy_coef, tvd_threshold, draft_init, coupling, backend, group_rank, group_delta,
+                   _row_seeds(seed, batch).to(device), temperature > 0 and mode in ("sjd", "csd", "gsd"))
+    lead = DEFAULT_MAX_LEAD_FACTOR * window if max_lead is None else max_lead
+    clock = _Clock(device, sync_timings)
+
+    prefill_passes = clock.time("model", lambda: _prefill(adapter, input_ids, prompt_embeds, attention_mask,
+                                                          cfg_scale != 1.0))
+    state = RowState.empty(batch, total, window, run.vocab, run.need_q, device)
+    bar = _progress_bar(progress, total, mode)
+    while not state.done(total):
+        win = state.window(lead, window, total)
+        drafted = draft_window(state, win, run)
+        cond, uncond = clock.time("model", lambda: forward(adapter, state, win, drafted))
+        verified, accept_list = clock.time("verify", lambda: _verify(cond, uncond, run, state, win, drafted))
+        committed_before = min(state.n)
+        commit(state, win, verified, accept_list, run)
+        if bar is not None:
+            bar.update(min(state.n) - committed_before)
+    if bar is not None:
+        bar.close()
+    images = clock.time("decode", lambda: adapter.decode(state.seq))
+    return _output(state, adapter, images, prefill_passes, clock, batch)
+
+
+def _verify(cond, uncond, run: Settings, state: RowState, win, drafted):
+    """Verification by mode, then the iteration's one host sync: accept_len and the status bits together."""
+    verified = VERIFY[run.mode](cond, uncond, draft_probs(state, win, drafted, run), run, state, win, drafted)
+    accept_list, status = torch.stack([verified.accept_len.to(torch.int64),
+                                       verified.result.status.to(torch.int64)]).tolist()
+    if any(s and a for s, a in zip(status, win.active)):
+        raise ValueError(f"verification flagged the model's logits or the drafts (status bits {status}; "
+                         f"1 = NaN/Inf logits) at grid positions {win.m}..{win.end - 1}")
+    return verified, accept_list
+
+
+def _output(state: RowState, adapter, images, prefill_passes: int, clock: "_Clock", batch: int) -> GenerateOutput:
+    grid = (batch, *adapter.grid)
+    return GenerateOutput(
+        tokens=state.seq, images=images, forward_passes=len(state.accepted), prefill_passes=prefill_passes,
+        accepted=state.accepted, entropy_map=state.maps[0].reshape(grid), accept_map=state.maps[1].reshape(grid),
+        distortion_map=state.maps[2].reshape(grid), tvd_map=state.maps[3].reshape(grid), timings=clock.summary(),
+        sequences=adapter.image_sequence(state.seq),
+    )
+
+
+class _Clock:
+    """Seconds spent in named phases (model, verify, decode); the rest is the loop's own overhead."""
+
+    def __init__(self, device: torch.device, sync: bool):
+        self.sync = sync and device.type == "cuda"
+        self.device = device
+        self.seconds = {"model": 0.0, "verify": 0.0, "decode": 0.0}
+        self.begin = time.perf_counter()
+
+    def time(self, phase: str, fn):
+        t0 = time.perf_counter()
+        out = fn()
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        self.seconds[phase] += time.perf_counter() - t0
+        return out
+
+    def summary(self) -> dict:
+        total = time.perf_counter() - self.begin
+        return dict(self.seconds, rest=total - sum(self.seconds.values()), total=total)
+
+
+def _progress_bar(progress: bool, total: int, mode: str):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=f"csd_kernels {mode}", unit="tok")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# arguments
+# ----------------------------------------------------------------------------------------------------------------------
+def _row_seeds(seed, batch: int) -> torch.Tensor:
+    """int s -> [s, s+1, ..., s+B-1]; a sequence / tensor of B ints -> as given.  Returns [B] int64 (CPU)."""
+    if isinstance(seed, torch.Tensor) and seed.numel() == 1 and seed.ndim == 0:
+        seed = int(seed)
+    if isinstance(seed, int):
+        return torch.arange(batch, dtype=torch.int64) + seed
+    seeds = torch.as_tensor(list(seed) if not isinstance(seed, torch.Tensor) else seed, dtype=torch.int64).reshape(-1)
+    if seeds.numel() != batch:
+        raise ValueError(f"seed: expected an int or {batch} per-row seeds, got {seeds.numel()}")
+    return seeds
+
+
+def _check_prompt(input_ids, prompt_embeds) -> int:
+    """Exactly one of input_ids [B, S] (integer) / prompt_embeds [B, S, C] (floating); returns B."""
+    if (input_ids is None) == (prompt_embeds is None):
+        raise ValueError("pass exactly one of input_ids and prompt_embeds")
+    if prompt_embeds is not None:
+        prompt = prompt_embeds
+        if not isinstance(prompt, torch.Tensor) or prompt.ndim != 3 or not prompt.is_floating_point():
+            raise ValueError("prompt_embeds must be a [B, S, C] floating-point tensor")
+    else:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
+            raise ValueError("input_ids must be a [B, S] integer tensor")
+        if input_ids.is_floating_point():
+            raise ValueError("input_ids must hold integer token ids")
+        prompt = input_ids
+    if prompt.shape[0] < 1 or prompt.shape[1] < 1:
+        raise ValueError(f"the prompt must be non-empty [B >= 1, S >= 1, ...], got shape {tuple(prompt.shape)}")
+    return int(prompt.shape[0])
+
+
+def _prefill(adapter, input_ids, prompt_embeds, attention_mask, cfg: bool) -> int:
+    if prompt_embeds is None:
+        return adapter.prefill(input_ids, attention_mask, cfg)
+    if not callable(getattr(adapter, "prefill_embeds", None)):
+        raise ValueError(f"{type(adapter).__name__} takes input_ids, not prompt_embeds")
+    return adapter.prefill_embeds(prompt_embeds, attention_mask, cfg)
+
+
+def _check_args(mode, window, temperature, top_k, draft_init, coupling, max_lead) -> str:
+    """Checks the settings; returns the coupling the verification uses."""
+    if max_lead is not None and (isinstance(max_lead, bool) or not isinstance(max_lead, int) or max_lead < 0):
+        raise ValueError(f"max_lead must be None or an int >= 0, got {max_lead!r}")
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an int >= 1, got {window!r}")
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+    if draft_init not in DRAFT_INITS:
+        raise ValueError(f"unknown draft_init {draft_init!r}; expected one of {DRAFT_INITS}")
+    if coupling == "none":
+        warnings.warn('coupling="none" is deprecated; use "independent"', DeprecationWarning, stacklevel=3)
+        coupling = "independent"
+    if coupling is not None and coupling not in COUPLINGS:
+        raise ValueError(f"unknown coupling {coupling!r}; expected None or one of {COUPLINGS}")
+    if mode in ("ar", "jd", "gsd"):
+        if coupling not in (None, "independent"):
+            raise ValueError(f"coupling={coupling!r} applies to sjd and csd only (mode={mode!r} draws next drafts "
+                             "independently)")
+        return "independent"
+    return coupling or DEFAULT_COUPLING
