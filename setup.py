@@ -50,7 +50,8 @@ def _extensions():
 
     # -fopenmp: at::parallel_for is header code and only runs in parallel when compiled with OpenMP (the runtime is
     # the libgomp that torch already loads). -ffp-contract=off / no fast-math: IEEE fp32 like the reference.
-    cxx = ["-O3", "-g0", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno", "-Wno-psabi", "-fopenmp"]
+    cxx = ["-O3", "-g0", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno", "-Wno-psabi",
+           "-fopenmp"]
     sources = ["python/bindings.cpp", "csrc/cpu/verify.cpp"]
     include_dirs = [os.path.join(ROOT, "csrc")]
     if _cuda_wanted(torch, cpp_extension.CUDA_HOME):
@@ -75,6 +76,10 @@ def _extensions():
 
 ext_modules, cmdclass = _extensions()
 
+MODELS = ["transformers>=4.52", "safetensors"]  # the Janus / Lumina-mGPT adapters and checkpoint loaders
+CLI = MODELS + ["tqdm", "pillow", "matplotlib", "scikit-learn"]  # the csd command and the shipped digits model
+TEST = CLI + ["pytest", "pytest-benchmark", "hypothesis", "triton", "ruff"]
+
 setup(
     name="csd-kernels",
     version="0.1.0",
@@ -83,17 +88,14 @@ setup(
     package_data={"csd_kernels.zoo.digits": ["weights/*", "README*"]},
     include_package_data=True,
     python_requires=">=3.9",
-    install_requires=[
-        "torch>=2.4",
-        "transformers>=4.52",
-        "tqdm",
-        "numpy",
-        "pillow",
-        "matplotlib",
-        "scikit-learn",
-        "safetensors",
-    ],
-    extras_require={"test": ["pytest", "pytest-benchmark", "hypothesis", "scikit-learn", "triton"]},
+    # the kernels need torch and numpy only; the model adapters, the csd command and the tests are extras
+    install_requires=["torch>=2.4", "numpy"],
+    extras_require={
+        "models": MODELS,
+        "cli": CLI,
+        "test": TEST,
+        "all": sorted(set(CLI + ["triton"])),
+    },
     entry_points={"console_scripts": ["csd = csd_kernels.cli:main"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,

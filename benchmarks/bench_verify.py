@@ -21,7 +21,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--backends", nargs="*", help="default: every available backend (not Triton's interpreter)")
     args = parser.parse_args()
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or 'cpu'}, {torch.get_num_threads()} threads"
+    cpu_name = f"{platform.processor() or 'cpu'}, {torch.get_num_threads()} threads"
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else cpu_name
     rows = bench.run(backends=args.backends, device=args.device, repeats=args.repeats)
     print(bench.format_table(rows))
     for name, path in bench.save(rows, args.out, device_name).items():

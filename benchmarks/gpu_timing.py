@@ -118,7 +118,8 @@ def sweep_triton_plans(seed, offset, sweep, save):
     original = tv.plan
     for batch in (1, 4, 16, 64):
         sets, _ = input_sets(batch, 16, 16384)
-        plans = [tv.Plan("register", 16384, 16)] + [tv.Plan("split", b, 4 if b <= 2048 else 8) for b in (512, 1024, 2048, 4096)]
+        plans = [tv.Plan("register", 16384, 16)]
+        plans += [tv.Plan("split", b, 4 if b <= 2048 else 8) for b in (512, 1024, 2048, 4096)]
         for chosen in plans:
             tv.plan = lambda *a, chosen=chosen: chosen
             try:

@@ -81,7 +81,8 @@ def authors_python_loop(cond, uncond, q, drafts, cfg_scale=5.0, entropy_coef=0.5
             tvd = 0.5 * (p - q_i).abs().sum()
             x = int(drafts[b, i])
             ratio = p[x] / q_i[x]
-            a = torch.clamp(ratio + entropy_coef * h, max=1.0) if tvd.item() < tvd_threshold else torch.clamp(ratio, max=1.0)
+            gate = tvd.item() < tvd_threshold
+            a = torch.clamp(ratio + entropy_coef * h, max=1.0) if gate else torch.clamp(ratio, max=1.0)
             if random[b, i, x].item() < a.item():
                 continue
             residual = (p - q_i).clamp(min=0).float()
@@ -130,7 +131,8 @@ def run(shapes=None, backends: Optional[list[str]] = None, device: str = "cpu", 
 
 
 def format_table(rows: list[BenchRow]) -> str:
-    header = f"{'backend':8} {'B':>3} {'L':>3} {'V':>6} {'probs':>5} {'time':>10} {'x read-once':>11} {'x faster than loop':>18}"
+    header = (f"{'backend':8} {'B':>3} {'L':>3} {'V':>6} {'probs':>5} {'time':>10} {'x read-once':>11} "
+              f"{'x faster than loop':>18}")
     lines = [header, "-" * len(header)]
     for r in rows:
         lines.append(f"{r.backend:8} {r.batch:3d} {r.length:3d} {r.vocab:6d} {str(r.return_probs):>5} "
@@ -169,12 +171,14 @@ def _plot(rows: list[BenchRow], path: str, device_name: str) -> None:
                 points = [r for r in subset if r.backend == backend and r.return_probs == return_probs]
                 if points:
                     ax.plot([r.batch for r in points], [r.seconds * 1e6 for r in points], marker="o",
-                            linestyle="-" if return_probs else "--", label=f"{backend}{'' if return_probs else ' (no probs)'}")
+                            linestyle="-" if return_probs else "--",
+                            label=f"{backend}{'' if return_probs else ' (no probs)'}")
         read_once = {r.batch: r.read_once_seconds for r in subset}
         loop = {r.batch: r.python_loop_seconds for r in subset}
         ax.plot(batches, [read_once[b] * 1e6 for b in batches], color="black", linestyle=":", label="read inputs once")
         ax.plot(batches, [loop[b] * 1e6 for b in batches], color="grey", linestyle="-.", label="authors' Python loop")
-        ax.set(xscale="log", yscale="log", xlabel="batch B (L = 16)", ylabel="µs per call", title=f"V = {vocab} ({device_name})")
+        ax.set(xscale="log", yscale="log", xlabel="batch B (L = 16)", ylabel="µs per call",
+               title=f"V = {vocab} ({device_name})")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

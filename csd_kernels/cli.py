@@ -36,6 +36,7 @@ COMPARE_RUNS = [
     ("csd+maximal", "csd", "maximal"),
     ("csd+gumbel", "csd", "gumbel"),
 ]
+_CLI_EXTRAS = ("transformers", "safetensors", "tqdm", "PIL", "matplotlib", "sklearn")  # setup.py's [cli] extra
 _MODEL_OPTIONS = ("weights", "config", "vq", "image_size", "size", "dtype")  # zoo.load keywords, one flag each
 # generate() keywords taken from the command line; unset ones fall back to the model's defaults
 _GENERATE_OPTIONS = ("window", "cfg_scale", "temperature", "top_k", "entropy_coef", "tvd_threshold", "draft_init",
@@ -89,7 +90,8 @@ def _tile(images: np.ndarray, columns: int) -> np.ndarray:
     mosaic = np.full((rows * (height + 1) + 1, columns * (width + 1) + 1, channels), 255, dtype=np.uint8)
     for index, image in enumerate(images):
         r, c = divmod(index, columns)
-        mosaic[1 + r * (height + 1): 1 + r * (height + 1) + height, 1 + c * (width + 1): 1 + c * (width + 1) + width] = image
+        top, left = 1 + r * (height + 1), 1 + c * (width + 1)
+        mosaic[top:top + height, left:left + width] = image
     return mosaic
 
 
@@ -305,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="generate images, write PNGs, maps and stats.json")
     _add_sampling(gen)
     gen.add_argument("--mode", default="csd", choices=MODES)
-    gen.add_argument("--coupling", choices=sorted(COUPLINGS), help="next drafts of sjd/csd (default: the lossless-tested choice)")
+    gen.add_argument("--coupling", choices=sorted(COUPLINGS),
+                     help="next drafts of sjd/csd (default: the lossless-tested choice)")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--out", default="out")
     gen.set_defaults(handler=cmd_generate)
@@ -353,6 +356,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.handler(args)
     except UsageError as exc:
         print(f"csd {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line
+        return 2
+    except ModuleNotFoundError as exc:
+        if exc.name not in _CLI_EXTRAS:
+            raise
+        print(f"csd {args.command}: error: {exc.name} is not installed; the csd command needs the [cli] extra: "
+              "pip install 'csd-kernels[cli]'", file=sys.stderr)
         return 2
     return 0
 

@@ -51,7 +51,8 @@ def group_acceptance(p: torch.Tensor, q: torch.Tensor, group_rank: int = DEFAULT
     cum_q = torch.cat([zero, q_sorted.cumsum(-1)], -1)
     sum_p = (cum_p.gather(-1, high + 1) - cum_p.gather(-1, low)).clamp(min=0)
     sum_q = (cum_q.gather(-1, high + 1) - cum_q.gather(-1, low)).clamp(min=0)
-    ratio = torch.where(sum_q > 0, sum_p / torch.where(sum_q > 0, sum_q, torch.ones_like(sum_q)), torch.zeros_like(sum_p))
+    ratio = torch.where(sum_q > 0, sum_p / torch.where(sum_q > 0, sum_q, torch.ones_like(sum_q)),
+                        torch.zeros_like(sum_p))
     a_sorted = ratio.clamp(max=1.0)
     return torch.zeros_like(a_sorted).scatter(-1, order, a_sorted)
 

@@ -51,7 +51,8 @@ def _compiled_backend(*args):
     return tuple(torch.ops.csd_kernels.verify_rows(*args))
 
 
-_BACKEND_FUNCTIONS = {"torch": _torch_backend, "triton": _triton_backend, "cpu": _compiled_backend, "cuda": _compiled_backend}
+_BACKEND_FUNCTIONS = {"torch": _torch_backend, "triton": _triton_backend, "cpu": _compiled_backend,
+                      "cuda": _compiled_backend}
 
 
 @torch.library.custom_op("csd_kernels::verify", mutates_args=())
@@ -73,7 +74,8 @@ def _verify_op(
     offset: torch.Tensor,
     return_probs: bool,
     backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,  # the 8 fields of VerifyResult, in order
+           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     outputs = _BACKEND_FUNCTIONS[backend](
         target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule, entropy_coef,
         tvd_threshold, start, coupling, positions, seed, offset, return_probs,
@@ -111,7 +113,8 @@ if compiled_extension() is not None:
 # Argument checks (no host sync: values inside tensors are checked by the kernels through the status bits)
 # ----------------------------------------------------------------------------------------------------------------------
 def _check_real(name: str, value, low: float = -math.inf, high: float = math.inf) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not low <= value <= high:
         raise ValueError(f"{name} must be a finite number in [{low}, {high}], got {value!r}")
     return float(value)
 
@@ -125,11 +128,13 @@ def _index_tensor(name: str, value, batch: int, device: torch.device, default: i
     if isinstance(value, int):
         return torch.full((batch,), value, dtype=torch.int64, device=device)
     if value.dtype not in _INT_DTYPES or value.numel() not in (1, batch) or value.dim() > 1:
-        raise ValueError(f"{name} must be an integer tensor of shape [{batch}] (or one element), got {value.dtype} {tuple(value.shape)}")
+        raise ValueError(f"{name} must be an integer tensor of shape [{batch}] (or one element), got {value.dtype} "
+                         f"{tuple(value.shape)}")
     return value.reshape(-1).to(device=device, dtype=torch.int64).expand(batch).contiguous()
 
 
-def _philox_word(name: str, value: SeedLike, device: torch.device, *, allow_per_row: int = 0, limit: int) -> torch.Tensor:
+def _philox_word(name: str, value: SeedLike, device: torch.device, *, allow_per_row: int = 0,
+                 limit: int) -> torch.Tensor:
     """int64 tensor [1] (or [allow_per_row]) holding the bit pattern of a non-negative integer below ``limit``."""
     if isinstance(value, bool) or not isinstance(value, (int, torch.Tensor)):
         raise ValueError(f"{name} must be an int or an int64 tensor, got {type(value).__name__}")
@@ -141,7 +146,8 @@ def _philox_word(name: str, value: SeedLike, device: torch.device, *, allow_per_
         return torch.full((1,), signed, dtype=torch.int64, device=device)
     sizes = (1, allow_per_row) if allow_per_row else (1,)
     if value.dtype != torch.int64 or value.numel() not in sizes or value.dim() > 1:
-        raise ValueError(f"{name} must be an int64 tensor with {' or '.join(map(str, sizes))} element(s), got {value.dtype} {tuple(value.shape)}")
+        raise ValueError(f"{name} must be an int64 tensor with {' or '.join(map(str, sizes))} element(s), got "
+                         f"{value.dtype} {tuple(value.shape)}")
     return value.reshape(-1).to(device)
 
 
@@ -168,7 +174,8 @@ _STATUS_MESSAGES = (
     (ref.STATUS_BAD_LOGITS, "target_logits/uncond_logits contain NaN or ±Inf (or overflow when mixed by cfg_scale)"),
     (ref.STATUS_BAD_DRAFT_TOKEN, "draft_tokens must lie in [-1, V)"),
     (ref.STATUS_BAD_DRAFT_PROBS, "draft_probs must be finite and non-negative"),
-    (ref.STATUS_MISSING_COMMITTED_TOKEN, "draft_tokens is -1 at a position before start (a committed position needs its token)"),
+    (ref.STATUS_MISSING_COMMITTED_TOKEN,
+     "draft_tokens is -1 at a position before start (a committed position needs its token)"),
 )
 
 
@@ -262,7 +269,8 @@ def _check_tensors(target_logits, draft_tokens, draft_probs, uncond_logits) -> t
     batch, length, vocab = target_logits.shape
     device = target_logits.device
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype not in _INT_DTYPES:
-        raise ValueError(f"draft_tokens must be an integer tensor, got {getattr(draft_tokens, 'dtype', type(draft_tokens).__name__)}")
+        got = getattr(draft_tokens, "dtype", type(draft_tokens).__name__)
+        raise ValueError(f"draft_tokens must be an integer tensor, got {got}")
     if tuple(draft_tokens.shape) != (batch, length):
         raise ValueError(f"draft_tokens must have shape [B, L] = {(batch, length)}, got {tuple(draft_tokens.shape)}")
     _check_device("draft_tokens", draft_tokens, device)
@@ -271,9 +279,11 @@ def _check_tensors(target_logits, draft_tokens, draft_probs, uncond_logits) -> t
         _check_device("uncond_logits", uncond_logits, device)
     if draft_probs is not None:
         if not isinstance(draft_probs, torch.Tensor) or draft_probs.dtype != torch.float32:
-            raise ValueError(f"draft_probs must be a float32 tensor, got {getattr(draft_probs, 'dtype', type(draft_probs).__name__)}")
+            got = getattr(draft_probs, "dtype", type(draft_probs).__name__)
+            raise ValueError(f"draft_probs must be a float32 tensor, got {got}")
         if tuple(draft_probs.shape) != (batch, length, vocab):
-            raise ValueError(f"draft_probs must have shape [B, L, V] = {(batch, length, vocab)}, got {tuple(draft_probs.shape)}")
+            raise ValueError(f"draft_probs must have shape [B, L, V] = {(batch, length, vocab)}, got "
+                             f"{tuple(draft_probs.shape)}")
         _check_device("draft_probs", draft_probs, device)
         if draft_probs.stride(-1) not in (0, 1):
             draft_probs = draft_probs.contiguous()
@@ -284,7 +294,8 @@ def _check_scalars(has_uncond, cfg_scale, temperature, top_k, rule, entropy_coef
     """(cfg_scale, temperature, top_k or 0, rule code, entropy_coef, tvd_threshold, coupling code), checked."""
     cfg_scale = _check_real("cfg_scale", cfg_scale)
     if not has_uncond and cfg_scale != 1.0:
-        raise ValueError(f"cfg_scale={cfg_scale} needs uncond_logits (classifier-free guidance mixes two sets of logits)")
+        raise ValueError(f"cfg_scale={cfg_scale} needs uncond_logits (classifier-free guidance mixes two sets of "
+                         "logits)")
     temperature = _check_real("temperature", temperature, 0.0)
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")

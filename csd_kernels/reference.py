@@ -36,8 +36,8 @@ where pos = (positions[b] + i) mod 2^32 (absolute token index), row_id = b when 
 when every row has its own seed (so a row's stream does not depend on its place in a batch), and offset < 2^63 so the
 step stream's top bit is always 0. ``offset`` is one value shared by the batch ([1]) or one per row ([B]): the step
 stream of row b uses offset[b] (offset[0] when it is shared), so with per-row seeds and offsets a row's step stream
-does not depend on the batch at all (a decoding loop keys each row by its own attempt count). A 32-bit Philox word x becomes the uniform ((x >> 9) + 0.5) · 2^-23, which is
-exact in float32 and lies strictly inside (0, 1).
+does not depend on the batch at all (a decoding loop keys each row by its own attempt count). A 32-bit Philox word x
+becomes the uniform ((x >> 9) + 0.5) · 2^-23, which is exact in float32 and lies strictly inside (0, 1).
 """
 
 from __future__ import annotations
@@ -122,8 +122,9 @@ def philox4x32(c0, c1, c2, c3, k0, k1) -> tuple[torch.Tensor, torch.Tensor, torc
     Shape: every argument broadcasts to a common shape, which the four outputs have.
     """
     words = (c0, c1, c2, c3, k0, k1)
-    device = next((t.device for t in words if isinstance(t, torch.Tensor)), None)  # Python ints join the tensors' device
-    c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(*[torch.as_tensor(t, dtype=torch.int64, device=device) for t in words])
+    device = next((t.device for t in words if isinstance(t, torch.Tensor)), None)  # ints join the tensors' device
+    words = [torch.as_tensor(t, dtype=torch.int64, device=device) for t in words]
+    c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(*words)
     c0, c1, c2, c3 = (c & _MASK32 for c in (c0, c1, c2, c3))
     k0, k1 = k0 & _MASK32, k1 & _MASK32
     for _ in range(PHILOX_ROUNDS):
@@ -182,7 +183,8 @@ def step_uniforms(seed: torch.Tensor, offset: torch.Tensor, positions: torch.Ten
     return uniform_from_bits(lane0), uniform_from_bits(lane1)
 
 
-def random_draft_tokens(seed: torch.Tensor, offset: torch.Tensor, positions: torch.Tensor, length: int, vocab: int) -> torch.Tensor:
+def random_draft_tokens(seed: torch.Tensor, offset: torch.Tensor, positions: torch.Tensor, length: int,
+                        vocab: int) -> torch.Tensor:
     """[B, L] int64 uniformly random tokens in [0, V) from lane 2 of the step stream (q = 1/V drafts).
 
     Keyed like the verification uniforms, so a decoding loop's initial drafts depend on (seed, position, offset) only.
@@ -192,7 +194,8 @@ def random_draft_tokens(seed: torch.Tensor, offset: torch.Tensor, positions: tor
     k0, k1, row_id = _seed_key(seed, batch)
     offset = _row_offsets(offset, batch)
     pos = _absolute_positions(positions, length)
-    _, _, lane2, _ = philox4x32(pos, row_id[:, None], offset & _MASK32, (offset >> 32) & _MASK32, k0[:, None], k1[:, None])
+    _, _, lane2, _ = philox4x32(pos, row_id[:, None], offset & _MASK32, (offset >> 32) & _MASK32, k0[:, None],
+                                k1[:, None])
     return (lane2 * vocab) >> 32
 
 
@@ -265,7 +268,8 @@ def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def acceptance_probability(
-    p_x: torch.Tensor, q_x: torch.Tensor, h: torch.Tensor, tvd: torch.Tensor, rule: str, entropy_coef: float, tvd_threshold: float
+    p_x: torch.Tensor, q_x: torch.Tensor, h: torch.Tensor, tvd: torch.Tensor, rule: str, entropy_coef: float,
+    tvd_threshold: float,
 ) -> torch.Tensor:
     """a(x) for draft probabilities p(x), q(x) (any broadcastable shapes); 0 where q(x) = 0."""
     safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
@@ -276,7 +280,8 @@ def acceptance_probability(
     return ratio.clamp(max=1.0)
 
 
-def accepted_mass(p: torch.Tensor, q: torch.Tensor, h: torch.Tensor, tvd: torch.Tensor, rule: str, entropy_coef: float, tvd_threshold: float):
+def accepted_mass(p: torch.Tensor, q: torch.Tensor, h: torch.Tensor, tvd: torch.Tensor, rule: str,
+                  entropy_coef: float, tvd_threshold: float):
     """q(y)·a(y) for every token y: the probability of drafting y and accepting it.  Shape: [..., V]."""
     return q * acceptance_probability(p, q, h[..., None], tvd[..., None], rule, entropy_coef, tvd_threshold)
 
@@ -291,7 +296,8 @@ def optimal_residual(p: torch.Tensor, q_times_a: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, residual / torch.where(total > 0, total, torch.ones_like(total)), p)
 
 
-def output_distribution(p: torch.Tensor, q: torch.Tensor, q_times_a: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+def output_distribution(p: torch.Tensor, q: torch.Tensor, q_times_a: torch.Tensor,
+                        residual: torch.Tensor) -> torch.Tensor:
     """out(y) = q(y)a(y) + (1 − Σ q a)·r(y): the exact law of the token a verified position emits."""
     rejected = (1 - q_times_a.sum(-1, keepdim=True)).clamp(min=0)
     return q_times_a + rejected * residual

@@ -98,7 +98,8 @@ def _signature(kernel, variant: Variant, constexprs: dict) -> dict:
 def _divisibility(kernel, signature: dict) -> dict:
     """Pointers, strides and V divisible by 16, as Triton's launcher specialises them for the usual shapes."""
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-               if signature[name].startswith("*") or (name.startswith("s_") and signature[name] == "i32") or name == "V"}
+               if signature[name].startswith("*") or name == "V"
+               or (name.startswith("s_") and signature[name] == "i32")}
     return aligned
 
 
@@ -165,7 +166,8 @@ def compile_variant(variant: Variant, arch: int = 90) -> list[ResourceReport]:
 
 
 def format_table(reports: list[ResourceReport]) -> str:
-    header = f"{'variant':<52} {'kernel':<24} {'block':>6} {'warps':>5} {'regs':>5} {'spill st/ld B':>14} {'stack B':>8}"
+    header = (f"{'variant':<52} {'kernel':<24} {'block':>6} {'warps':>5} {'regs':>5} {'spill st/ld B':>14} "
+              f"{'stack B':>8}")
     lines = [header, "-" * len(header)]
     for r in reports:
         lines.append(f"{r.variant.label:<52} {r.kernel:<24} {r.block:>6} {r.num_warps:>5} {r.registers:>5} "

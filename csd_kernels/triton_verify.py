@@ -61,7 +61,8 @@ def is_available(device) -> tuple[bool, str]:
     if device.type == "cpu":
         if _INTERPRET:
             return True, ""
-        return False, "CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before importing triton/csd_kernels"
+        return False, ("CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before importing "
+                       "triton/csd_kernels")
     return False, f"device type {device.type!r} is not supported by the triton backend"
 
 

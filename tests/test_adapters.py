@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import JANUS_BOI, JANUS_BOS, LUMINA_KW, build_tiny_llama
+
 from csd_kernels.decoding import MODES, generate
 from csd_kernels.models import ImageGPT, JanusAdapter, LuminaMGPT, get_adapter
-
 
 # tiny matmuls: thread hand-off costs more than the work on a shared 2-core machine
 pytestmark = pytest.mark.usefixtures("one_thread")

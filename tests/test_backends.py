@@ -20,7 +20,9 @@ def _case(batch, length, vocab, dtype, strided, seed, with_probs=True, cfg=True)
     logits = both[0::2] if strided else both
     uncond = (both[1::2] if strided else torch.randn(batch, length, vocab, generator=g).to(dtype)) if cfg else None
     probs = torch.softmax(2 * torch.randn(batch, length, vocab, generator=g), -1) if with_probs else None
-    drafts = torch.randint(-1, vocab, (batch, length), generator=g) if vocab > 1 else torch.zeros(batch, length, dtype=torch.long)
+    drafts = torch.randint(-1, vocab, (batch, length), generator=g)
+    if vocab == 1:
+        drafts = torch.zeros(batch, length, dtype=torch.long)
     if probs is not None:  # most drafts are sampled from q so that acceptance is exercised beyond position 0
         sampled = torch.multinomial(probs.reshape(-1, vocab), 1, generator=g).reshape(batch, length)
         drafts = torch.where(torch.rand(batch, length, generator=g) < 0.8, sampled, drafts)
@@ -104,14 +106,16 @@ def test_decisions_are_exactly_u_below_a(backend):
             assert not accepted[b, n]
 
 
-@pytest.mark.parametrize("backend", [name for name in BACKENDS if name != "triton"])  # 65k interpreted programs: too slow
+# (not triton: 65k interpreted programs are too slow)
+@pytest.mark.parametrize("backend", [name for name in BACKENDS if name != "triton"])
 def test_many_random_rows_agree_across_backends(backend):
     """Float rounding may split a rare tie between backends: demand ≥ 99.9% identical rows over 4,096 rows."""
     batch, length, vocab = 256, 16, 1000
     logits, uncond, probs, drafts = _case(batch, length, vocab, torch.bfloat16, True, 99)
     agree = 0
     for offset in range(4):
-        kwargs = dict(uncond_logits=uncond, cfg_scale=5.0, seed=offset, offset=offset, coupling=ref.COUPLINGS[offset % 3])
+        kwargs = dict(uncond_logits=uncond, cfg_scale=5.0, seed=offset, offset=offset,
+                      coupling=ref.COUPLINGS[offset % 3])
         got = ck.verify(logits, drafts, probs, backend=backend, **kwargs)
         expected = ck.verify(logits, drafts, probs, backend="torch", **kwargs)
         same = (got.tokens == expected.tokens).all(-1) & (got.accept_len == expected.accept_len)

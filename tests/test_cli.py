@@ -92,5 +92,6 @@ def test_unknown_mode_is_rejected_by_the_parser(capsys):
 
 
 def test_console_script_module_entry_point():
-    result = subprocess.run([sys.executable, "-m", "csd_kernels", "--help"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "csd_kernels", "--help"], capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 0 and "generate" in result.stdout and "compare" in result.stdout

@@ -59,10 +59,9 @@ def lumina_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def janus_dir(tiny_janus, tmp_path_factory) -> Path:
     """A transformers-format Janus folder: the tiny model and a word-level tokenizer over its 64-token vocabulary."""
+    from conftest import JANUS_BOI, JANUS_BOS, JANUS_PAD
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-
-    from conftest import JANUS_BOI, JANUS_BOS, JANUS_PAD
 
     words = [":", "a", "red", "fox", "in", "the", "snow", "cat", "<|User|>", "<|Assistant|>"]
     vocab = {"<pad>": JANUS_PAD, "<bos>": JANUS_BOS, "<unk>": 59, "<begin_of_image>": JANUS_BOI}

@@ -51,7 +51,8 @@ def call_ref(c, toks, q, u, *, cfg=1.0, T=1.0, top_k=None, rule="csd", lam=0.5, 
         entropy_coef=lam, tvd_threshold=tau, start=mv(start), coupling=nd, positions=mv(pos), seed=mv(seed),
         offset=mv(off), return_probs=return_probs, compute_dtype=torch.float32,
     )
-    return {k: getattr(r, k) for k in ("accept_len", "tokens", "probs", "entropy", "tvd", "accept_prob", "distortion", "status")}
+    fields = ("accept_len", "tokens", "probs", "entropy", "tvd", "accept_prob", "distortion", "status")
+    return {k: getattr(r, k) for k in fields}
 
 
 def make_case(B, L, V, *, dtype=torch.float32, cfg=False, q="full", strided=False, scale=2.0, seed=0, device="cpu",

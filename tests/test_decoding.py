@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import build_tiny_llama
 from scipy.stats import chi2_contingency
 
-from conftest import build_tiny_llama
 from csd_kernels.decoding import COUPLINGS, MODES, generate
 from csd_kernels.models import ImageGPT
 
@@ -97,7 +97,8 @@ def test_jd_is_lossless_with_fresh_samples(lossless_model, ar_samples):
     assert min(_check_same_law(ar_samples, codes)) > 1e-3
 
 
-@pytest.mark.parametrize("mode, kw", [("csd", dict(entropy_coef=2.0, tvd_threshold=1.0)), ("gsd", dict(group_delta=1.0))])
+@pytest.mark.parametrize("mode, kw", [("csd", dict(entropy_coef=2.0, tvd_threshold=1.0)),
+                                      ("gsd", dict(group_delta=1.0))])
 def test_lossy_modes_are_detected(lossless_model, ar_samples, mode, kw):
     """The power check: relaxed acceptance on the same model is caught by the same test."""
     codes, out = _codes(lossless_model, mode, seed=0, **kw)

@@ -13,15 +13,15 @@ from __future__ import annotations
 import argparse
 import os
 
+import llamagen_tiny as tiny
 import pytest
 import torch
-
-import llamagen_tiny as tiny
 from conftest import build_tiny_llama
+
 from csd_kernels.decoding import MODES, generate
 from csd_kernels.models import ImageGPT, LlamaGenAdapter, get_adapter, load_llamagen
 from csd_kernels.models.llamagen import VQDecoder, gpt_args, left_pad_captions, vq_args
-from csd_kernels.models.llamagen.gpt import KVCache, Transformer
+from csd_kernels.models.llamagen.gpt import Transformer
 from csd_kernels.models.llamagen.vq import ENCODER_PREFIXES
 from csd_kernels.ops import verify
 

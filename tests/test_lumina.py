@@ -12,10 +12,10 @@ import json
 import shutil
 from pathlib import Path
 
+import lumina_tiny as tiny
 import pytest
 import torch
 
-import lumina_tiny as tiny
 from csd_kernels.decoding import MODES, generate
 from csd_kernels.models import LUMINA_DEFAULTS, LuminaMGPT, get_adapter, load_lumina_mgpt, lumina_grid, lumina_prompt
 

@@ -105,7 +105,8 @@ def test_gumbel_drafts_repeat_for_the_same_seed_row_position_and_p(backend):
         for offset in (0, 1, 12345)
     ]
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
-    other_seed = ck.verify(logits, torch.full((16, 4), -1), coupling="gumbel", positions=positions, seed=10, backend=backend)
+    other_seed = ck.verify(logits, torch.full((16, 4), -1), coupling="gumbel", positions=positions, seed=10,
+                           backend=backend)
     assert not torch.equal(other_seed.tokens[:, 1:], runs[0])
 
 

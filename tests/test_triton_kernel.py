@@ -54,7 +54,8 @@ def _streams_kernel(seed_ptr, seed_stride, positions_ptr, offset_ptr, offset_str
     pid = tl.program_id(0).to(tl.int64)
     b = pid // L
     i = pid % L
-    pos, row_id, k0, k1, u_acc, u_smp = common.position_rng(seed_ptr, seed_stride, positions_ptr, 1, offset_ptr + b * offset_stride, b, i,
+    pos, row_id, k0, k1, u_acc, u_smp = common.position_rng(seed_ptr, seed_stride, positions_ptr, 1,
+                                                            offset_ptr + b * offset_stride, b, i,
                                                          PER_ROW_SEED)
     tl.store(ua_ptr + pid, u_acc)
     tl.store(us_ptr + pid, u_smp)
@@ -85,7 +86,8 @@ def test_philox_words_bit_identical():
     [
         ([7], 0, [0, 5, 11], 4, 13),
         ([2**32 + 3], 2**40 + 17, [2**32 - 2, 2**32 - 1, 0], 5, 9),  # seed >= 2^32, large offset, pos wrap
-        ([1, 2**33 + 5, 2**63 - 1, -1, -2**63], 2**63 - 1, [2**32 - 3, 123456789, 2**40 + 2, 7, 9], 5, 10),  # per-row seeds, seeds >= 2^63 as int64
+        # per-row seeds, seeds >= 2^63 as int64
+        ([1, 2**33 + 5, 2**63 - 1, -1, -2**63], 2**63 - 1, [2**32 - 3, 123456789, 2**40 + 2, 7, 9], 5, 10),
         ([0], 12345678901, [3], 1, 1),
         ([1, 2, 3], [0, 2**40 + 17, 5], [4, 0, 2**32 - 1], 5, 9),  # per-row offsets
         ([9], [2**63 - 1, 0, 2**32], [0, 1, 2], 3, 4),  # per-row offsets with a shared seed
@@ -101,7 +103,8 @@ def test_stream_uniforms_bit_identical(seed, offset, positions, length, vocab):
     g = torch.empty((batch, length, vocab), dtype=torch.float32, device=DEVICE)
     per_row = seed.numel() != 1
     _streams_kernel[(batch * length,)](seed.to(DEVICE), 1 if per_row else 0, positions.to(DEVICE), offset.to(DEVICE),
-                                       1 if offset.numel() != 1 else 0, ua, us, g, length, vocab, PER_ROW_SEED=per_row, BLOCK_V=8)
+                                       1 if offset.numel() != 1 else 0, ua, us, g, length, vocab, PER_ROW_SEED=per_row,
+                                       BLOCK_V=8)
     ea, es = ref.step_uniforms(seed, offset, positions, length)
     eg = ref.gumbel_uniforms(seed, positions, length, vocab)
     bits = lambda t: t.cpu().view(torch.int32)  # noqa: E731
@@ -208,7 +211,8 @@ def check(got, expected, V, return_probs=True):
     assert torch.equal(accept_len, expected.accept_len)
     assert torch.equal(tokens, expected.tokens)
     for name, a, b in [("entropy", entropy, expected.entropy), ("tvd", tvd, expected.tvd),
-                       ("accept_prob", accept_prob, expected.accept_prob), ("distortion", distortion, expected.distortion)]:
+                       ("accept_prob", accept_prob, expected.accept_prob),
+                       ("distortion", distortion, expected.distortion)]:
         assert a.dtype == torch.float32 and a.shape == (B, L), name
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, equal_nan=True, msg=name)
     if return_probs:
@@ -307,7 +311,8 @@ def test_random_rows_many():
     case = make_case(B, L, V, q="dense", gen_seed=3, uncond=False)
     # drafts sampled from q, the typical speculative-decoding input
     q = case["draft_probs"]
-    case["draft_tokens"] = torch.multinomial(q.reshape(-1, V), 1, generator=torch.Generator().manual_seed(4)).reshape(B, L)
+    g = torch.Generator().manual_seed(4)
+    case["draft_tokens"] = torch.multinomial(q.reshape(-1, V), 1, generator=g).reshape(B, L)
     mism = 0
     for coupling in (0, 1, 2):
         got, expected = run_both(case, coupling=coupling, cfg_scale=1.0, temperature=1.3)

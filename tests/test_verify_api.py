@@ -121,7 +121,8 @@ def test_mismatched_devices_are_named():
 def test_available_backends_lists_runnable_ones_in_auto_order():
     assert BACKENDS[-1] in ("torch", "triton") and "torch" in BACKENDS
     logits, drafts = _inputs()
-    assert torch.equal(ck.verify(logits, drafts, seed=4).tokens, ck.verify(logits, drafts, seed=4, backend=BACKENDS[0]).tokens)
+    auto = ck.verify(logits, drafts, seed=4).tokens
+    assert torch.equal(auto, ck.verify(logits, drafts, seed=4, backend=BACKENDS[0]).tokens)
 
 
 def test_unavailable_backend_says_how_to_get_it(monkeypatch):
@@ -182,7 +183,8 @@ def test_torch_compile_fullgraph(backend):
     temperature=st.sampled_from([0.0, 0.5, 1.0, 2.0]), cfg=st.sampled_from([None, 1.0, 4.0]),
     with_probs=st.booleans(), seed=st.integers(0, 2**64 - 1),
 )
-def test_fuzz_backends_against_reference(batch, length, vocab, data, rule, coupling, temperature, cfg, with_probs, seed):
+def test_fuzz_backends_against_reference(batch, length, vocab, data, rule, coupling, temperature, cfg, with_probs,
+                                         seed):
     g = torch.Generator().manual_seed(seed % (2**63))
     logits = 4 * torch.randn(batch, length, vocab, generator=g)
     uncond = torch.randn(batch, length, vocab, generator=g) if cfg is not None else None

@@ -39,7 +39,8 @@ class ImageGPT(CachedImageLM):
         decoder, head = _decoder_and_head(lm)
         start, end = int(image_token_range[0]), int(image_token_range[1])
         if not 0 <= start < end <= head.out_features:
-            raise ValueError(f"image_token_range {image_token_range} is not inside the vocabulary ({head.out_features})")
+            raise ValueError(f"image_token_range {image_token_range} is not inside the vocabulary "
+                             f"({head.out_features})")
         super().__init__(decoder, grid, end - start, cache_config=getattr(lm, "config", None))
         self.lm, self.head = lm, head
         self.image_start = start

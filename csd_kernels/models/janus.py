@@ -76,7 +76,9 @@ class JanusAdapter(CachedImageLM):
             return input_ids, attention_mask
         if self.pad_token_id is None:
             raise ValueError("Janus CFG needs a pad token id (generation_config.pad_token_id or pad_token_id=)")
-        keep = input_ids == self.bos_token_id if self.bos_token_id is not None else torch.zeros_like(input_ids, dtype=torch.bool)
+        keep = torch.zeros_like(input_ids, dtype=torch.bool)
+        if self.bos_token_id is not None:
+            keep |= input_ids == self.bos_token_id
         if self.boi_token_id is not None:
             keep |= input_ids == self.boi_token_id
         uncond = torch.where(keep, input_ids, torch.full_like(input_ids, self.pad_token_id))

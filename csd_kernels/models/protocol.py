@@ -56,7 +56,8 @@ class ImageAdapter(Protocol):
         ...
 
     def image_sequence(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [B, H*W] grid ids -> [B, T] ids of the model's own vocabulary in its layout, forced tokens in place."""
+        """tokens [B, H*W] grid ids -> [B, T] ids of the model's own vocabulary in its layout, forced tokens in
+        place."""
         ...
 
     def decode(self, tokens: torch.Tensor) -> Optional[torch.Tensor]:

@@ -28,10 +28,24 @@ import torch
 from .. import zoo
 from ..decoding import COUPLINGS, DRAFT_INITS, MODES, generate
 from ..usage import UsageError, writable_dir
-from .files import (FORMAT, LOCK, MANIFEST, SETTINGS, SUMMARY, TABLE, RunLock, atomic_write, check_manifest,
-                    clean_temporaries, item_complete, item_paths, json_bytes, png_bytes)
+from .files import (
+    FORMAT,
+    LOCK,
+    MANIFEST,
+    SETTINGS,
+    SUMMARY,
+    TABLE,
+    RunLock,
+    atomic_write,
+    check_manifest,
+    clean_temporaries,
+    item_complete,
+    item_paths,
+    json_bytes,
+    png_bytes,
+)
 from .group import Dist, close_logger, cpu_count, rank_logger
-from .summary import format_table, summarize
+from .summary import summarize
 
 __all__ = ["image_seed", "work_items", "shard", "read_prompts", "parse_modes", "run", "CRASH_ENV", "MANIFEST", "LOCK",
            "SUMMARY", "TABLE"]

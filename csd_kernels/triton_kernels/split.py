@@ -244,7 +244,8 @@ def split_finish_kernel(
         abs_diff = tl.sum(tl.load(sums + 0, mask=smask, other=0.0, cache_modifier=".cg"), 0)
         residual = tl.sum(tl.load(sums + 1, mask=smask, other=0.0, cache_modifier=".cg"), 0)
         p_total = tl.sum(tl.load(sums + 2, mask=smask, other=0.0, cache_modifier=".cg"), 0)
-        bad_q_row = tl.max(tl.load(bad_q_ptr + position * n_split + sv, mask=smask, other=0, cache_modifier=".cg"), 0) > 0
+        bad_q_s = tl.load(bad_q_ptr + position * n_split + sv, mask=smask, other=0, cache_modifier=".cg")
+        bad_q_row = tl.max(bad_q_s, 0) > 0
         tvd = tl.where(bad_q_row, 0.5 * p_total, 0.5 * abs_diff)
 
         x_safe = tl.maximum(x, 0)

@@ -44,7 +44,8 @@ def _require(path: Optional[str], flag: str, kind: str) -> str:
         raise ValueError(f"{flag} is required: the path of the {kind}")
     exists = os.path.isdir(path) if kind.endswith("folder") else os.path.isfile(path)
     if not exists:
-        raise ValueError(f"{flag} {path}: no such {'folder' if kind.endswith('folder') else 'file'} (expected the {kind})")
+        what = "folder" if kind.endswith("folder") else "file"
+        raise ValueError(f"{flag} {path}: no such {what} (expected the {kind})")
     return path
 
 

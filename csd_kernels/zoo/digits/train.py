@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .model import CODEBOOK_FILE, NUM_CLASSES, build_lm, save_lm, sample_ar
+from .model import CODEBOOK_FILE, NUM_CLASSES, build_lm, sample_ar, save_lm
 from .tokenizer import DEFAULT_NOISE, PatchCodebook, digits_dataset
 
 DEFAULTS = dict(steps=800, batch_size=32, lr=2e-3, warmup=50, weight_decay=0.05, class_dropout=0.1, shift=1)
