@@ -56,7 +56,7 @@ python3 -c "import csd_kernels as ck; print('backends on cuda:', ck.available_ba
 run_stage tests 300 gpu_tests
 run_stage agreement 180 agreement
 run_stage timing 240 python3 benchmarks/gpu_timing.py --sweep --out "$out"
-run_stage bench 180 python3 benchmarks/bench_verify.py --device cuda --out "$out" --repeats 50
+run_stage bench 180 python3 benchmarks/bench_verify.py --device cuda --out "$out"
 run_stage sanitize 300 sanitize
 echo "failed stages: ${failed[*]:-none}"
 [ ${#failed[@]} -eq 0 ]

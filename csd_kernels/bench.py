@@ -1,8 +1,10 @@
 """Microbenchmarks of the verify op: every backend against reading the inputs once and against a Python loop.
 
-The Python loop is the CSD authors' verification as they wrote it: loops over batch and positions with a host sync
-per position, a [B, L, V] uniform tensor drawn per step of which one value per position is used. "Read once" is a
-``torch.sum`` over the same input tensors in the same run: the floor any one-pass kernel is measured against.
+The cases are pytest-benchmark tests (:mod:`csd_kernels.bench_cases`); :func:`run` runs them and reads the JSON, and
+the table, CSV and plot come from that JSON. The Python loop is the CSD authors' verification as they wrote it: loops
+over batch and positions with a host sync per position, a [B, L, V] uniform tensor drawn per step of which one value
+per position is used. "Read once" is a ``torch.sum`` over the same input tensors in the same run: the floor any
+one-pass kernel is measured against.
 """
 
 from __future__ import annotations
@@ -10,18 +12,16 @@ from __future__ import annotations
 import csv
 import json
 import os
-import statistics
-import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
-from .dispatch import available_backends
-from .ops import verify
+from .testing import make_case
 
 JANUS_VOCAB, LUMINA_VOCAB = 16384, 8192
 DEFAULT_SHAPES = [(b, 16, v) for v in (JANUS_VOCAB, LUMINA_VOCAB) for b in (1, 4, 16)]
+QUICK_SHAPES = [(1, 16, JANUS_VOCAB), (4, 16, LUMINA_VOCAB)]
 
 
 @dataclass
@@ -31,7 +31,7 @@ class BenchRow:
     length: int
     vocab: int
     return_probs: bool
-    seconds: float  # median per call
+    seconds: float  # median per call (pytest-benchmark)
     read_once_seconds: float
     python_loop_seconds: float
 
@@ -42,25 +42,6 @@ class BenchRow:
     @property
     def speedup_vs_loop(self) -> float:
         return self.python_loop_seconds / self.seconds
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_call(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 2) -> float:
-    """Median wall time of fn() over ``repeats`` calls (synchronised on CUDA)."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        _sync(device)
-        begin = time.perf_counter()
-        fn()
-        _sync(device)
-        samples.append(time.perf_counter() - begin)
-    return statistics.median(samples)
 
 
 def authors_python_loop(cond, uncond, q, drafts, cfg_scale=5.0, entropy_coef=0.5, tvd_threshold=0.65, temperature=1.0):
@@ -94,40 +75,51 @@ def authors_python_loop(cond, uncond, q, drafts, cfg_scale=5.0, entropy_coef=0.5
 
 
 def make_inputs(batch, length, vocab, device, dtype=torch.bfloat16, seed=0):
-    """A CFG batch as a model returns it ([cond; uncond] rows interleaved) and the previous iteration's q.
-
-    q is p of a slightly different context (the logits plus noise), as in a Jacobi iteration: TVD(p, q) is below τ,
-    so the CSD gate is open and most drafts are accepted — the regime in which CSD does its work.
-    """
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    both = (2 * torch.randn(2 * batch, length, vocab, generator=g)).to(dtype)
-    mixed = both[1::2].float() + 5.0 * (both[0::2].float() - both[1::2].float())
-    q = torch.softmax(mixed + 0.5 * torch.randn(mixed.shape, generator=g), -1)
-    drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).reshape(batch, length)
-    both, q, drafts = both.to(device), q.to(device), drafts.to(device)
-    return both[0::2], both[1::2], q, drafts
+    """(cond, uncond, q, drafts): a CFG batch as a model returns it (the halves of one interleaved batch) and the
+    previous iteration's q, which is p of a slightly different context (testing.make_case's "jacobi" q): TVD(p, q)
+    is below τ, so the CSD gate is open and most drafts (all sampled from q) are accepted — the regime in which CSD
+    does its work."""
+    case = make_case(batch, length, vocab, dtype=dtype, q="jacobi", strided=True, from_q=1.0, seed=seed,
+                     device=device)
+    return case["target_logits"], case["uncond_logits"], case["draft_probs"], case["draft_tokens"]
 
 
-def run(shapes=None, backends: Optional[list[str]] = None, device: str = "cpu", repeats: int = 20,
-        loop_repeats: int = 3, return_probs_options=(True, False)) -> list[BenchRow]:
-    """Time every backend on every shape; the interpreted Triton backend is left out on CPU (it is a test tool)."""
-    device = torch.device(device)
-    if backends is None:
-        backends = [name for name in available_backends(device) if not (name == "triton" and device.type == "cpu")]
-    rows = []
-    for batch, length, vocab in shapes or DEFAULT_SHAPES:
-        cond, uncond, q, drafts = make_inputs(batch, length, vocab, device)
-        read_once = time_call(lambda: (cond.sum(), uncond.sum(), q.sum()), device, repeats)
-        python_loop = time_call(lambda: authors_python_loop(cond, uncond, q, drafts), device, loop_repeats, warmup=1)
-        for backend in backends:
-            for return_probs in return_probs_options:
-                seconds = time_call(
-                    lambda: verify(cond, drafts, q, uncond_logits=uncond, cfg_scale=5.0, rule="csd", seed=0,
-                                   return_probs=return_probs, backend=backend, validate=False),
-                    device, repeats,
-                )
-                rows.append(BenchRow(backend, batch, length, vocab, return_probs, seconds, read_once, python_loop))
-    return rows
+def run(device: str = "cpu", backends: Optional[list[str]] = None, quick: bool = False,
+        json_path: Optional[str] = None, shapes: Optional[list] = None) -> list[BenchRow]:
+    """Run the pytest-benchmark cases (a subprocess: pytest, pytest-benchmark and the settings in its environment)
+    and return their rows; the raw pytest-benchmark JSON is kept at ``json_path`` when given."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from . import bench_cases
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = json_path or os.path.join(tmp, "benchmark.json")
+        env = dict(os.environ, CSD_BENCH_DEVICE=str(device), CSD_BENCH_QUICK="1" if quick else "0",
+                   CSD_BENCH_BACKENDS=",".join(backends or []),
+                   CSD_BENCH_SHAPES=";".join(",".join(str(n) for n in shape) for shape in shapes or []))
+        command = [sys.executable, "-m", "pytest", bench_cases.__file__, "-q", "-p", "no:cacheprovider",
+                   f"--benchmark-json={path}", "--benchmark-min-rounds=5"]
+        result = subprocess.run(command, env=env, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"the benchmark run failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        with open(path) as f:
+            return rows_from_json(json.load(f))
+
+
+def rows_from_json(data: dict) -> list[BenchRow]:
+    """BenchRows from a pytest-benchmark JSON of bench_cases: each verify median against the read-once and
+    authors'-loop medians of the same shape in the same run."""
+    by_kind: dict = {}
+    for case in data["benchmarks"]:
+        info = case["extra_info"]
+        shape = (info["batch"], info["length"], info["vocab"])
+        by_kind.setdefault(info["kind"], []).append((shape, info, case["stats"]["median"]))
+    read_once = {shape: t for shape, _, t in by_kind.get("read-once", [])}
+    loop = {shape: t for shape, _, t in by_kind.get("authors-loop", [])}
+    return [BenchRow(info["backend"], *shape, info["return_probs"], t, read_once[shape], loop[shape])
+            for shape, info, t in by_kind.get("verify", [])]
 
 
 def format_table(rows: list[BenchRow]) -> str:

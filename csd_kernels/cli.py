@@ -238,15 +238,19 @@ def cmd_compare(args) -> dict:
 
 
 def cmd_bench(args) -> list:
+    """The pytest-benchmark cases of csd_kernels.bench_cases; the table, CSV and plot come from their JSON."""
+    import importlib.util
+
     from . import bench
 
     out_dir = writable_dir(args.out)
-    device = args.device
-    if device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no GPU is visible to torch")
-    name = torch.cuda.get_device_name() if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    shapes = None if not args.quick else [(1, 16, 16384), (4, 16, 8192)]
-    rows = bench.run(shapes=shapes, device=device, repeats=args.repeats)
+    if importlib.util.find_spec("pytest_benchmark") is None:
+        raise UsageError("csd bench runs pytest-benchmark: pip install 'csd-kernels[test]'")
+    name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    rows = bench.run(device=args.device, backends=args.backends, quick=args.quick,
+                     json_path=os.path.join(out_dir, "benchmark.json"))
     print(bench.format_table(rows))
     for path in bench.save(rows, out_dir, name).values():
         print(f"wrote {path}")
@@ -321,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="microbenchmarks of the verify op on every available backend")
     bench.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    bench.add_argument("--repeats", type=int, default=20)
+    bench.add_argument("--backends", nargs="*", help="default: every available backend (not Triton's interpreter)")
     bench.add_argument("--quick", action="store_true", help="two shapes instead of six")
     bench.add_argument("--out", default="benchmarks/results")
     bench.set_defaults(handler=cmd_bench)

@@ -5,6 +5,7 @@ import torch
 
 import csd_kernels as ck
 from csd_kernels import reference as ref
+from csd_kernels import testing
 
 # The torch backend *is* the reference (tested in test_reference.py and test_statistics.py): the others are held to it.
 BACKENDS = [name for name in ck.available_backends("cpu") if name != "torch"]
@@ -14,28 +15,16 @@ TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (1e-4, 1e-5), torch.f
 
 
 def _case(batch, length, vocab, dtype, strided, seed, with_probs=True, cfg=True):
-    g = torch.Generator().manual_seed(seed)
-    # Strided rows: the conditional half of an interleaved [cond, uncond] CFG batch, as a model returns it.
-    both = (3 * torch.randn(2 * batch if strided else batch, length, vocab, generator=g)).to(dtype)
-    logits = both[0::2] if strided else both
-    uncond = (both[1::2] if strided else torch.randn(batch, length, vocab, generator=g).to(dtype)) if cfg else None
-    probs = torch.softmax(2 * torch.randn(batch, length, vocab, generator=g), -1) if with_probs else None
-    drafts = torch.randint(-1, vocab, (batch, length), generator=g)
-    if vocab == 1:
-        drafts = torch.zeros(batch, length, dtype=torch.long)
-    if probs is not None:  # most drafts are sampled from q so that acceptance is exercised beyond position 0
-        sampled = torch.multinomial(probs.reshape(-1, vocab), 1, generator=g).reshape(batch, length)
-        drafts = torch.where(torch.rand(batch, length, generator=g) < 0.8, sampled, drafts)
-    return logits, uncond, probs, drafts
+    """(logits, uncond, probs, drafts) of testing.make_case; strided: the halves of an interleaved CFG batch."""
+    case = testing.make_case(batch, length, vocab, dtype=dtype, cfg=cfg, q="dense" if with_probs else None,
+                             strided=strided, scale=3.0, seed=seed)
+    drafts = case["draft_tokens"] if vocab > 1 else torch.zeros(batch, length, dtype=torch.long)
+    return case["target_logits"], case["uncond_logits"], case["draft_probs"], drafts
 
 
 def _assert_matches(got, expected, dtype):
     rtol, atol = TOLERANCES[dtype]
-    assert torch.equal(got.accept_len, expected.accept_len)
-    assert torch.equal(got.tokens, expected.tokens)
-    assert torch.equal(got.status, expected.status)
-    for name in ("probs", "entropy", "tvd", "accept_prob", "distortion"):
-        assert torch.allclose(getattr(got, name), getattr(expected, name), rtol=rtol, atol=atol, equal_nan=True), name
+    testing.compare(got, expected, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

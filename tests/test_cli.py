@@ -61,8 +61,11 @@ def test_compare_reports_every_run_and_writes_the_side_by_side(tmp_path, capsys)
 def test_bench_writes_json_csv_and_plot(tmp_path):
     from csd_kernels import bench
 
-    rows = bench.run(shapes=[(1, 4, 64)], repeats=2, loop_repeats=1)
+    rows = bench.run(shapes=[(1, 4, 64)], json_path=str(tmp_path / "benchmark.json"))
     assert {r.backend for r in rows} == {name for name in ck.available_backends("cpu") if name != "triton"}
+    assert {r.return_probs for r in rows} == {True, False} and all(r.read_once_seconds > 0 for r in rows)
+    raw = json.loads((tmp_path / "benchmark.json").read_text())  # pytest-benchmark's own JSON, baselines as rows
+    assert {b["extra_info"]["kind"] for b in raw["benchmarks"]} == {"read-once", "authors-loop", "verify"}
     paths = bench.save(rows, str(tmp_path), "test")
     assert json.loads(open(paths["json"]).read())["rows"][0]["vocab"] == 64
     assert open(paths["csv"]).read().startswith("backend,batch,length,vocab")

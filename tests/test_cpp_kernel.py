@@ -25,103 +25,45 @@ except ImportError as exc:  # pragma: no cover - depends on the build
     )
 
 from csd_kernels import reference as ref
+from csd_kernels import testing
 
-MODES = {"strict": 0, "csd": 1}
-NEXT = {"independent": 0, "maximal": 1, "gumbel": 2}
-FLOAT_NAMES = ("probs", "entropy", "tvd", "accept_prob", "distortion")
+RULES = {name: code for code, name in enumerate(ref.RULES)}
+COUPLINGS = {name: code for code, name in enumerate(ref.COUPLINGS)}
 DEVICES = ["cpu"] + (["cuda"] if _C.has_cuda() and torch.cuda.is_available() else [])
+Q_KINDS = {"full": "dense", "stride0_rows": "row"}  # this module's names for testing.make_case's q kinds
 
 
-def call_op(c, toks, q, u, *, cfg=1.0, T=1.0, top_k=None, rule="csd", lam=0.5, tau=0.65, start, nd="independent",
-            pos, seed, off, return_probs=True):
+def make_case(B, L, V, *, q="full", cfg=False, per_row_seed=False, **kw):
+    """testing.make_case with about half the drafts the target's favourite (rows accept a few positions)."""
+    return testing.make_case(B, L, V, q=Q_KINDS.get(q, q), cfg=cfg, seed_rows=per_row_seed,
+                             favourite=0.5 if q == "full" else 0.7, **kw)
+
+
+def _options(cfg=1.0, T=1.0, top_k=None, rule="csd", lam=0.5, tau=0.65, nd="independent", return_probs=True):
+    return dict(cfg_scale=cfg, temperature=T, top_k=top_k, rule=rule, entropy_coef=lam, tvd_threshold=tau,
+                coupling=nd, return_probs=return_probs)
+
+
+def call_op(target_logits, draft_tokens, draft_probs, uncond_logits, start, positions, seed, offset, **kw):
+    """torch.ops.csd_kernels.verify_rows on a case, as a VerifyResult."""
+    o = _options(**kw)
     out = torch.ops.csd_kernels.verify_rows(
-        c, toks, q, u, float(cfg), float(T), int(top_k or 0), MODES[rule], float(lam), float(tau), start, NEXT[nd],
-        pos, seed, off, return_probs,
+        target_logits, draft_tokens, draft_probs, uncond_logits, float(o["cfg_scale"]), float(o["temperature"]),
+        int(o["top_k"] or 0), RULES[o["rule"]], float(o["entropy_coef"]), float(o["tvd_threshold"]), start,
+        COUPLINGS[o["coupling"]], positions, seed, offset, o["return_probs"],
     )
-    names = ("accept_len", "tokens", "probs", "entropy", "tvd", "accept_prob", "distortion", "status")
-    return dict(zip(names, out))
+    result = ref.VerifyResult(*out)
+    result.probs = result.probs if o["return_probs"] else None
+    return result
 
 
-def call_ref(c, toks, q, u, *, cfg=1.0, T=1.0, top_k=None, rule="csd", lam=0.5, tau=0.65, start, nd="independent",
-             pos, seed, off, return_probs=True):
-    dev = torch.device("cpu")
-    mv = lambda t: None if t is None else t.to(dev)  # noqa: E731
-    r = ref.verify(
-        mv(c), mv(toks), mv(q), uncond_logits=mv(u), cfg_scale=cfg, temperature=T, top_k=top_k, rule=rule,
-        entropy_coef=lam, tvd_threshold=tau, start=mv(start), coupling=nd, positions=mv(pos), seed=mv(seed),
-        offset=mv(off), return_probs=return_probs, compute_dtype=torch.float32,
-    )
-    fields = ("accept_len", "tokens", "probs", "entropy", "tvd", "accept_prob", "distortion", "status")
-    return {k: getattr(r, k) for k in fields}
+def call_ref(**case_and_options):
+    names = ("target_logits", "draft_tokens", "draft_probs", "uncond_logits", "start", "positions", "seed", "offset")
+    case = {k: case_and_options.pop(k) for k in names}
+    return testing.reference_result(case, **_options(**case_and_options))
 
 
-def make_case(B, L, V, *, dtype=torch.float32, cfg=False, q="full", strided=False, scale=2.0, seed=0, device="cpu",
-              per_row_seed=False, start=0, bad_tokens=False):
-    g = torch.Generator().manual_seed(seed)
-
-    def logits():
-        if strided:  # rows with gaps between positions and batches (non-contiguous B and L strides)
-            big = torch.randn(B, L + 2, V + 5, generator=g) * scale
-            t = big[:, 1 : L + 1, 3 : V + 3]
-        else:
-            t = torch.randn(B, L, V, generator=g) * scale
-        return t.to(dtype)
-
-    c = logits()
-    u = logits() if cfg else None
-    if q == "full":
-        qq = torch.softmax(torch.randn(B, L, V, generator=g) * scale, -1)
-        toks = torch.multinomial(qq.reshape(-1, V), 1, generator=g).reshape(B, L)
-        # make about half of the drafts the target's favourite, so that rows accept a few positions
-        fav = c.float().argmax(-1)
-        toks = torch.where(torch.rand(B, L, generator=g) < 0.5, fav, toks)
-    elif q == "uniform":
-        qq = torch.full((1, 1, 1), 1.0 / V).expand(B, L, V)
-        toks = c.float().argmax(-1)
-        toks = torch.where(torch.rand(B, L, generator=g) < 0.3, torch.randint(0, V, (B, L), generator=g), toks)
-    elif q == "stride0_rows":  # one q row shared by every position (stride 0 on B and L)
-        qq = torch.softmax(torch.randn(V, generator=g), -1).expand(B, L, V)
-        toks = torch.randint(0, V, (B, L), generator=g)
-    else:
-        qq = None
-        toks = c.float().argmax(-1)
-        toks = torch.where(torch.rand(B, L, generator=g) < 0.3, torch.randint(0, V, (B, L), generator=g), toks)
-    if bad_tokens:
-        toks = toks.clone()
-        toks[:, 0] = -1
-        if L > 1:
-            toks[:, 1] = V + 3
-        if L > 2:
-            toks[:, 2] = -7
-    st = torch.full((B,), start, dtype=torch.int64)
-    pos = torch.randint(0, 10_000, (B,), generator=g)
-    sd = torch.randint(0, 2**62, (B if per_row_seed else 1,), generator=g)
-    off = torch.randint(0, 2**40, (1,), generator=g)
-    mv = lambda t: None if t is None else t.to(device)  # noqa: E731
-    return dict(c=mv(c), toks=mv(toks), q=mv(qq), u=mv(u), start=mv(st), pos=mv(pos), seed=mv(sd), off=mv(off))
-
-
-def compare(got, want, *, exact=True, rtol=1e-4, atol=1e-5):
-    """Returns the number of rows whose integer outputs differ (asserts floats on the rows that agree)."""
-    got = {k: v.cpu() for k, v in got.items()}
-    bad_rows = (got["accept_len"] != want["accept_len"].to(torch.int32)) | (got["tokens"] != want["tokens"]).any(-1)
-    assert torch.equal(got["status"], want["status"].to(torch.int32))
-    if exact:
-        assert not bad_rows.any(), (got["accept_len"], want["accept_len"], got["tokens"], want["tokens"])
-    ok = ~bad_rows
-    for name in FLOAT_NAMES:
-        a, b = got[name], want[name]
-        if name == "probs" and b is None:
-            assert a.numel() == 0
-            continue
-        torch.testing.assert_close(a[ok], b[ok].to(torch.float32), rtol=rtol, atol=atol, equal_nan=True,
-                                   msg=lambda m: f"{name}: {m}")
-    # tokens are always in range
-    V = want["probs"].shape[-1] if want["probs"] is not None else None
-    assert (got["tokens"] >= 0).all()
-    if V is not None:
-        assert (got["tokens"] < V).all()
-    return int(bad_rows.sum())
+compare = testing.compare
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -207,8 +149,8 @@ def test_dtypes_strides_cfg(device, dtype, cfg, strided):
     compare(call_op(**case, **kw), call_ref(**case, **kw))
 
 
-@pytest.mark.parametrize("nd", list(NEXT))
-@pytest.mark.parametrize("rule", list(MODES))
+@pytest.mark.parametrize("nd", list(COUPLINGS))
+@pytest.mark.parametrize("rule", list(RULES))
 @pytest.mark.parametrize("q", ["full", "uniform", "stride0_rows", None])
 def test_modes_and_next_drafts(device, nd, rule, q):
     case = make_case(3, 16, 1000, q=q, cfg=True, seed=11, device=device, per_row_seed=(q == "full"))
@@ -217,7 +159,7 @@ def test_modes_and_next_drafts(device, nd, rule, q):
 
 
 @pytest.mark.parametrize("top_k", [1, 5, 999, 1000, 5000])
-@pytest.mark.parametrize("nd", list(NEXT))
+@pytest.mark.parametrize("nd", list(COUPLINGS))
 def test_top_k(device, top_k, nd):
     case = make_case(3, 5, 1000, q="full", seed=13, device=device)
     kw = dict(top_k=top_k, nd=nd)
@@ -227,16 +169,16 @@ def test_top_k(device, top_k, nd):
 def test_top_k_ties(device):
     # heavy ties: logits on a coarse grid, the k-th value repeated
     case = make_case(3, 5, 64, q="full", seed=17, device=device)
-    case["c"] = (case["c"] * 2).round() / 2
+    case["target_logits"] = (case["target_logits"] * 2).round() / 2
     for k in (1, 3, 10, 63):
         compare(call_op(**case, top_k=k), call_ref(**case, top_k=k))
 
 
-@pytest.mark.parametrize("nd", list(NEXT))
+@pytest.mark.parametrize("nd", list(COUPLINGS))
 @pytest.mark.parametrize("q", ["full", None])
 def test_greedy(device, nd, q):
     case = make_case(3, 5, 1000, q=q, seed=19, device=device)
-    case["c"] = case["c"].round()  # ties in the argmax
+    case["target_logits"] = case["target_logits"].round()  # ties in the argmax
     kw = dict(T=0.0, nd=nd, top_k=10)
     compare(call_op(**case, **kw), call_ref(**case, **kw))
 
@@ -253,7 +195,7 @@ def test_bad_draft_tokens(device, q):
     case = make_case(3, 6, 100, q=q, seed=29, device=device, bad_tokens=True)
     got = call_op(**case)
     compare(got, call_ref(**case))
-    assert (got["status"].cpu() & ref.STATUS_BAD_DRAFT_TOKEN).all()
+    assert (got.status.cpu() & ref.STATUS_BAD_DRAFT_TOKEN).all()
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
@@ -261,29 +203,29 @@ def test_bad_draft_tokens(device, q):
 def test_non_finite_rows(device, bad, where):
     case = make_case(3, 5, 100, q="full", cfg=True, seed=31)
     if where == "target":
-        case["c"][0, 2, 7] = bad
-        case["c"][2, 0, :] = bad
+        case["target_logits"][0, 2, 7] = bad
+        case["target_logits"][2, 0, :] = bad
     elif where == "uncond":
-        case["u"][1, 3, 0] = bad
+        case["uncond_logits"][1, 3, 0] = bad
     else:
-        case["q"] = case["q"].clone()
-        case["q"][1, 1, 5] = bad
-        case["q"][2, 3, 0] = -0.5
+        case["draft_probs"] = case["draft_probs"].clone()
+        case["draft_probs"][1, 1, 5] = bad
+        case["draft_probs"][2, 3, 0] = -0.5
     case = {k: (v.to(device) if v is not None else None) for k, v in case.items()}
     kw = dict(cfg=1.5)
     got = call_op(**case, **kw)
     compare(got, call_ref(**case, **kw))
-    toks = got["tokens"].cpu()
+    toks = got.tokens.cpu()
     assert ((toks >= 0) & (toks < 100)).all()
 
 
 def test_cfg_overflow_is_bad_logits():
     case = make_case(1, 3, 50, cfg=True, seed=37)
-    case["c"][0, 1, 3] = 3e38
-    case["u"][0, 1, 3] = -3e38
+    case["target_logits"][0, 1, 3] = 3e38
+    case["uncond_logits"][0, 1, 3] = -3e38
     got = call_op(**case, cfg=2.0)
     compare(got, call_ref(**case, cfg=2.0))
-    assert int(got["status"][0]) & ref.STATUS_BAD_LOGITS
+    assert int(got.status[0]) & ref.STATUS_BAD_LOGITS
 
 
 def test_no_probs_output(device):
@@ -297,7 +239,7 @@ def test_no_probs_output(device):
 def test_every_cpu_isa_path_matches(isa, q):
     """The CPU kernel is compiled for AVX-512, AVX2+FMA and the baseline ISA; each copy must agree."""
     case = make_case(3, 16, 1001, q=q, cfg=True, seed=43, strided=True)
-    for nd in NEXT:
+    for nd in COUPLINGS:
         _C._set_cpu_isa(isa)
         try:
             got = call_op(**case, nd=nd, cfg=1.5, top_k=(50 if nd == "maximal" else None))
@@ -310,7 +252,7 @@ def test_many_random_rows_tolerate_rare_ties(device):
     """Over many rows the integer outputs may differ only by float tie splits (<= 0.1% of rows)."""
     g = torch.Generator().manual_seed(47)
     mismatches = rows = 0
-    for trial, (q, nd, rule) in enumerate(itertools.product(["full", "uniform", None], list(NEXT), list(MODES))):
+    for trial, (q, nd, rule) in enumerate(itertools.product(["full", "uniform", None], list(COUPLINGS), list(RULES))):
         case = make_case(64, 8, 257, q=q, cfg=bool(trial % 2), seed=1000 + trial, device=device,
                          per_row_seed=bool(trial % 3 == 0))
         kw = dict(cfg=1.3, nd=nd, rule=rule, T=float(0.5 + torch.rand(1, generator=g)), tau=0.8)
@@ -322,10 +264,10 @@ def test_many_random_rows_tolerate_rare_ties(device):
 def test_checks_have_clear_messages():
     case = make_case(1, 2, 10)
     with pytest.raises(RuntimeError, match="target_logits must be"):
-        call_op(**{**case, "c": case["c"][0]})
+        call_op(**{**case, "target_logits": case["target_logits"][0]})
     with pytest.raises(RuntimeError, match="draft_tokens"):
-        call_op(**{**case, "toks": case["toks"].to(torch.int32)})
+        call_op(**{**case, "draft_tokens": case["draft_tokens"].to(torch.int32)})
     with pytest.raises(RuntimeError, match="last-dim stride"):
-        call_op(**{**case, "q": torch.rand(1, 2, 20)[:, :, ::2]})
+        call_op(**{**case, "draft_probs": torch.rand(1, 2, 20)[:, :, ::2]})
     with pytest.raises(RuntimeError, match="seed"):
         call_op(**{**case, "seed": torch.tensor([1, 2, 3])})

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import csd_kernels as ck
+from csd_kernels import testing
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 
@@ -22,12 +23,13 @@ def _backend(name, monkeypatch):
 
 
 def _inputs(batch, length, vocab, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    both = (3 * torch.randn(2 * batch, length, vocab, generator=g)).to(dtype)
-    q = torch.softmax(2 * torch.randn(batch, length, vocab, generator=g), -1)
-    drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).reshape(batch, length)
+    """(both, q, drafts): testing.make_case's window with the CFG halves interleaved in one [2B, L, V] batch (as a
+    model returns them) and no draft at the last position."""
+    case = testing.make_case(batch, length, vocab, dtype=dtype, q="dense", scale=3.0, from_q=1.0, seed=seed)
+    both = torch.stack([case["target_logits"], case["uncond_logits"]], 1).reshape(2 * batch, length, vocab)
+    drafts = case["draft_tokens"].clone()
     drafts[:, -1] = -1
-    return both, q, drafts
+    return both, case["draft_probs"], drafts
 
 
 def test_a_gpu_backend_is_available():

@@ -16,6 +16,7 @@ import triton.language as tl  # noqa: E402
 
 from csd_kernels import reference as ref  # noqa: E402
 from csd_kernels import triton_verify as tv  # noqa: E402
+from csd_kernels import testing  # noqa: E402
 from csd_kernels.triton_kernels import common  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -118,48 +119,8 @@ def test_stream_uniforms_bit_identical(seed, offset, positions, length, vocab):
 # ----------------------------------------------------------------------------------------------------------------------
 def make_case(B, L, V, *, dtype=torch.float32, uncond=True, q="dense", start=0, seed_rows=False, strided=False,
               int_logits=False, gen_seed=0, bad_tokens=False):
-    gen = torch.Generator().manual_seed(gen_seed)
-
-    def logits():
-        if int_logits:  # many exact ties (incl. -0.0 vs +0.0)
-            x = torch.randint(-2, 3, (B, 2 * L if strided else L, V), generator=gen).float()
-            return torch.where(torch.rand(x.shape, generator=gen) < 0.3, -0.0 * x.abs(), x).to(dtype)
-        x = torch.randn(B, 2 * L if strided else L, V, generator=gen) * 3
-        return x.to(dtype)
-
-    if strided and uncond:  # cond / uncond rows interleaved in one CFG batch, window positions strided too
-        big = torch.stack([logits(), logits()], 1).reshape(2 * B, 2 * L, V)
-        c, u = big[0::2, ::2], big[1::2, ::2]
-    else:
-        c = logits()[:, ::2] if strided else logits()
-        u = (logits()[:, ::2] if strided else logits()) if uncond else None
-    if q == "dense":
-        qp = torch.softmax(torch.randn(B, 2 * L if strided else L, V, generator=gen) * 2, -1)
-        qp = qp[:, ::2] if strided else qp
-    elif q == "uniform":
-        qp = torch.full((1, 1, 1), 1.0 / V).expand(B, L, V)
-    elif q == "sparse":  # zeros in q: invalid drafts for some positions, residual mass elsewhere
-        qp = torch.softmax(torch.randn(B, L, V, generator=gen) * 2, -1)
-        qp = torch.where(torch.rand(B, L, V, generator=gen) < 0.5, torch.zeros_like(qp), qp)
-    else:
-        qp = None
-    if q in ("dense", "sparse") or q is None:
-        # drafts mostly taken from the target's likely tokens so that accepts and rejects both happen
-        tokens = torch.randint(-1, V, (B, 2 * L if strided else L), generator=gen)
-        tokens = tokens[:, ::2] if strided else tokens
-    else:
-        tokens = torch.randint(0, V, (B, L), generator=gen)
-    if bad_tokens:
-        tokens = tokens.clone()
-        tokens[0, 0] = V
-        tokens[-1, -1] = -7
-    return dict(
-        target_logits=c, draft_tokens=tokens, draft_probs=qp, uncond_logits=u,
-        start=torch.full((B,), start, dtype=torch.int64),
-        positions=torch.randint(0, 2**32, (B,), generator=gen, dtype=torch.int64),
-        seed=torch.randint(0, 2**62, (B if seed_rows else 1,), generator=gen, dtype=torch.int64),
-        offset=torch.randint(0, 2**62, (1,), generator=gen, dtype=torch.int64),
-    )
+    return testing.make_case(B, L, V, dtype=dtype, cfg=uncond, q=q, start=start, seed_rows=seed_rows, strided=strided,
+                             int_logits=int_logits, bad_tokens=bad_tokens, scale=3.0, seed=gen_seed)
 
 
 PATHS = ["split", "register", "chunked"]
@@ -178,6 +139,7 @@ def forced_plan(path, V):
 
 def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, rule=1, entropy_coef=0.4, tvd_threshold=0.65,
              coupling=0, return_probs=True, path=None):
+    """(verify_triton's result, reference.verify's result) as VerifyResults."""
     dev = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
     args = (
         dev["target_logits"], dev["draft_tokens"], dev["draft_probs"], dev["uncond_logits"], cfg_scale, temperature,
@@ -191,35 +153,25 @@ def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, rule=1, entropy_c
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(tv, "plan", lambda *a, **k: plan)
             got = tv.verify_triton(*args)
-    expected = ref.verify(
-        case["target_logits"], case["draft_tokens"], case["draft_probs"], uncond_logits=case["uncond_logits"],
-        cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None, rule=ref.RULES[rule],
-        entropy_coef=entropy_coef, tvd_threshold=tvd_threshold, start=case["start"],
-        coupling=ref.COUPLINGS[coupling], positions=case["positions"], seed=case["seed"],
-        offset=case["offset"], return_probs=return_probs, compute_dtype=torch.float32,
-    )
-    return [t.cpu() for t in got], expected
+    got = ref.VerifyResult(*[t.cpu() for t in got])
+    got.probs = got.probs if return_probs else None
+    expected = testing.reference_result(
+        case, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None, rule=ref.RULES[rule],
+        entropy_coef=entropy_coef, tvd_threshold=tvd_threshold, coupling=ref.COUPLINGS[coupling],
+        return_probs=return_probs)
+    return got, expected
 
 
 def check(got, expected, V, return_probs=True):
-    accept_len, tokens, probs, entropy, tvd, accept_prob, distortion, status = got
-    B, L = tokens.shape
-    assert accept_len.dtype == torch.int32 and accept_len.shape == (B,)
-    assert tokens.dtype == torch.int64 and status.dtype == torch.int32
-    assert ((tokens >= 0) & (tokens < V)).all(), "a token out of range"
-    assert torch.equal(status, expected.status)
-    assert torch.equal(accept_len, expected.accept_len)
-    assert torch.equal(tokens, expected.tokens)
-    for name, a, b in [("entropy", entropy, expected.entropy), ("tvd", tvd, expected.tvd),
-                       ("accept_prob", accept_prob, expected.accept_prob),
-                       ("distortion", distortion, expected.distortion)]:
-        assert a.dtype == torch.float32 and a.shape == (B, L), name
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, equal_nan=True, msg=name)
+    """Dtypes and shapes, then testing.compare: integer outputs exactly, statistics within 1e-4."""
+    B, L = got.tokens.shape
+    assert got.accept_len.dtype == torch.int32 and got.accept_len.shape == (B,)
+    assert got.tokens.dtype == torch.int64 and got.status.dtype == torch.int32
+    for name in ("entropy", "tvd", "accept_prob", "distortion"):
+        assert getattr(got, name).dtype == torch.float32 and getattr(got, name).shape == (B, L), name
     if return_probs:
-        assert probs.shape == (B, L, V) and probs.dtype == torch.float32
-        torch.testing.assert_close(probs, expected.probs, rtol=1e-4, atol=1e-5, equal_nan=True)
-    else:
-        assert probs.shape == (0,)
+        assert got.probs.shape == (B, L, V) and got.probs.dtype == torch.float32
+    testing.compare(got, expected)
 
 
 CASES = [
@@ -279,7 +231,7 @@ def test_bad_inputs_flagged(path):
     V = 7
     case = make_case(3, 5, V, q="dense", start=2)
     c, u, q = case["target_logits"].clone(), case["uncond_logits"].clone(), case["draft_probs"].clone()
-    tokens = case["draft_tokens"].clone()
+    tokens = case["draft_tokens"].clamp(0, V - 1)  # only the planted bad tokens below
     c[0, 1, 3] = float("nan")
     u[1, 3, 0] = float("inf")
     c[2, 4, 6] = 3e38  # finite inputs whose CFG mix overflows
@@ -293,7 +245,7 @@ def test_bad_inputs_flagged(path):
     for coupling in (0, 2):
         got, expected = run_both(case, coupling=coupling, path=path)
         check(got, expected, V)
-        assert got[-1].tolist() == [1 | 8, 1 | 2 | 4, 1 | 2 | 4 | 8]  # row 2: a bad token at a committed position
+        assert got.status.tolist() == [1 | 8, 1 | 2 | 4, 1 | 2 | 4 | 8]  # row 2: a bad token at a committed position
 
 
 def test_int32_draft_tokens_and_strided_tokens():
@@ -316,9 +268,9 @@ def test_random_rows_many():
     mism = 0
     for coupling in (0, 1, 2):
         got, expected = run_both(case, coupling=coupling, cfg_scale=1.0, temperature=1.3)
-        mism += int((got[1] != expected.tokens).sum())
-        assert torch.equal(got[0], expected.accept_len)
-        torch.testing.assert_close(got[5], expected.accept_prob, rtol=1e-4, atol=1e-5)
+        mism += int((got.tokens != expected.tokens).sum())
+        assert torch.equal(got.accept_len, expected.accept_len)
+        torch.testing.assert_close(got.accept_prob, expected.accept_prob, rtol=1e-4, atol=1e-5)
     assert mism <= max(1, int(0.001 * 3 * B * L))
 
 
@@ -358,7 +310,7 @@ def test_bad_inputs_over_many_blocks(path):
     case.update(target_logits=c, draft_probs=q)
     got, expected = run_both(case, path=path, coupling=2)
     check(got, expected, V)
-    assert got[-1].tolist()[0] & ref.STATUS_BAD_LOGITS and got[-1].tolist()[1] & ref.STATUS_BAD_DRAFT_PROBS
+    assert got.status.tolist()[0] & ref.STATUS_BAD_LOGITS and got.status.tolist()[1] & ref.STATUS_BAD_DRAFT_PROBS
 
 
 def test_is_available():
