@@ -17,8 +17,8 @@ Q_KINDS = ("dense", "jacobi", "sparse", "uniform", "row", None)
 
 def make_case(batch: int, length: int, vocab: int, *, dtype: torch.dtype = torch.float32, cfg: bool = True,
               q: Optional[str] = "dense", strided: bool = False, scale: float = 2.0, int_logits: bool = False,
-              from_q: float = 0.8, favourite: float = 0.0, start: int = 0, seed_rows: bool = False, bad_tokens: bool = False, seed: int = 0,
-              device="cpu") -> dict:
+              from_q: float = 0.8, favourite: float = 0.0, start: int = 0, seed_rows: bool = False,
+              bad_tokens: bool = False, seed: int = 0, device="cpu") -> dict:
     """The tensor arguments of :func:`csd_kernels.verify` for one random window, as keywords.
 
     Shape: target_logits / uncond_logits [B, L, V] (uncond None without ``cfg``; ``strided``: the halves of one

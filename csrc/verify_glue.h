@@ -13,7 +13,8 @@
 
 namespace csd {
 
-using VerifyResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+// The op returns the eight tensors of a VerifyResult as a tuple (the schema's order, as csd_kernels.VerifyResult).
+using VerifyTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                                 at::Tensor>;
 
 struct CheckedArgs {
@@ -114,15 +115,15 @@ inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::
   return a;
 }
 
-struct VerifyOutputs {
+struct VerifyResult {
   at::Tensor accept_len, tokens, probs, entropy, tvd, accept_prob, distortion, status;
-  VerifyResult as_tuple() const {
+  VerifyTuple as_tuple() const {
     return {accept_len, tokens, probs, entropy, tvd, accept_prob, distortion, status};
   }
 };
 
-inline VerifyOutputs allocate_outputs(const CheckedArgs& a, bool return_probs, const at::TensorOptions& base) {
-  VerifyOutputs o;
+inline VerifyResult allocate_outputs(const CheckedArgs& a, bool return_probs, const at::TensorOptions& base) {
+  VerifyResult o;
   auto f32 = base.dtype(at::kFloat);
   o.accept_len = at::empty({a.B}, base.dtype(at::kInt));
   o.tokens = at::empty({a.B, a.L}, base.dtype(at::kLong));
@@ -138,7 +139,7 @@ inline VerifyOutputs allocate_outputs(const CheckedArgs& a, bool return_probs, c
 // Everything a kernel call needs, ready: the outputs, contiguous copies of the [B] inputs, the [B, L] workspaces
 // (tensors, so the raw pointers in `problem` stay valid as long as this object lives) and the raw description.
 struct PreparedCall {
-  VerifyOutputs out;
+  VerifyResult out;
   at::Tensor start, positions, seed, offset, flags, resampled, workspace;
   VerifyProblem problem;
 };
@@ -203,7 +204,7 @@ namespace csd {
 
 // Entry points registered for torch.ops.csd_kernels.verify_rows (same signature as the schema).
 #define CSD_VERIFY_ROWS_SIGNATURE(NAME)                                                                             \
-  VerifyResult NAME(const at::Tensor& target_logits, const at::Tensor& draft_tokens,                               \
+  VerifyTuple NAME(const at::Tensor& target_logits, const at::Tensor& draft_tokens,                               \
                     const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& uncond_logits, \
                     double cfg_scale, double temperature, int64_t top_k, int64_t rule, double entropy_coef,        \
                     double tvd_threshold, const at::Tensor& start, int64_t coupling,                            \

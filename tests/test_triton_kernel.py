@@ -15,8 +15,8 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from csd_kernels import reference as ref  # noqa: E402
-from csd_kernels import triton_verify as tv  # noqa: E402
 from csd_kernels import testing  # noqa: E402
+from csd_kernels import triton_verify as tv  # noqa: E402
 from csd_kernels.triton_kernels import common  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -212,5 +212,6 @@ class PatchCodebook:
             cent = f.get_tensor("centroids").float()
             values = f.get_tensor("values").float()
         if cent.ndim != 2 or cent.shape != values.shape or cent.shape[1] != PATCH_DIM:
-            raise ValueError(f"malformed codebook file {path}: centroids {tuple(cent.shape)}, values {tuple(values.shape)}")
+            raise ValueError(f"malformed codebook file {path}: centroids {tuple(cent.shape)}, "
+                             f"values {tuple(values.shape)}")
         return cls(centroids=cent, values=values, noise=float(meta.get("noise", DEFAULT_NOISE)))

@@ -158,7 +158,8 @@ def train(
         losses.append(float(loss.detach()))
         if log_every and (step % log_every == 0 or step == steps - 1):
             k = min(len(losses), log_every)
-            log(f"step {step:5d}  epoch {epoch:3d}  loss {sum(losses[-k:]) / k:.4f}  lr {lr_at(step, steps, lr, warmup):.2e}  "
+            log(f"step {step:5d}  epoch {epoch:3d}  loss {sum(losses[-k:]) / k:.4f}  "
+                f"lr {lr_at(step, steps, lr, warmup):.2e}  "
                 f"{time.time() - t_loop:.0f}s")
     t_train = time.time() - t_loop
     lm.eval()
@@ -182,7 +183,8 @@ def train(
         codebook.save(out / CODEBOOK_FILE)
         save_lm(lm, out)
         meta = {k: v for k, v in result.items() if k not in ("lm", "codebook", "_sample_images")}
-        meta["loss_every_50"] = [round(sum(losses[i:i + 50]) / len(losses[i:i + 50]), 4) for i in range(0, len(losses), 50)]
+        meta["loss_every_50"] = [round(sum(losses[i:i + 50]) / len(losses[i:i + 50]), 4)
+                                 for i in range(0, len(losses), 50)]
         meta["losses"] = [round(v, 4) for v in losses]
         meta["hyperparameters"] = dict(lr=lr, warmup=warmup, weight_decay=weight_decay, class_dropout=class_dropout,
                                        shift=shift, noise=noise, subset=subset, arch=arch)
