@@ -84,6 +84,11 @@ def available_backends(device: Optional[torch.device | str] = None) -> list[str]
     return names
 
 
+@functools.lru_cache(maxsize=None)  # what can run does not change within a process (imports are cached too)
+def _first_available(device_type: str, index) -> str:
+    return available_backends(torch.device(device_type, index) if index is not None else torch.device(device_type))[0]
+
+
 @torch.compiler.assume_constant_result  # evaluated eagerly under torch.compile: imports are not traceable
 def select_backend(requested: Optional[str], device: torch.device) -> str:
     """The backend to run on ``device``: the requested one, else $CSD_KERNELS_BACKEND, else the first available."""
@@ -91,7 +96,7 @@ def select_backend(requested: Optional[str], device: torch.device) -> str:
     if requested is None and os.environ.get(ENV_BACKEND):
         requested, source = os.environ[ENV_BACKEND], ENV_BACKEND
     if requested is None:
-        return available_backends(device)[0]
+        return _first_available(device.type, device.index)
     if requested not in BACKENDS:
         raise ValueError(f"{source}={requested!r} is not one of {BACKENDS}")
     ok, reason = backend_status(requested, device)

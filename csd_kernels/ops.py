@@ -7,6 +7,7 @@ through it) whose ``backend`` argument names the implementation. The C++/CUDA ex
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Union
 
@@ -126,11 +127,19 @@ def _index_tensor(name: str, value, batch: int, device: torch.device, default: i
     if isinstance(value, bool) or not isinstance(value, (int, torch.Tensor)):
         raise ValueError(f"{name} must be an int or an integer tensor of shape [B], got {type(value).__name__}")
     if isinstance(value, int):
+        if value == 0 and not torch.compiler.is_compiling():
+            return _zeros(batch, device)
         return torch.full((batch,), value, dtype=torch.int64, device=device)
     if value.dtype not in _INT_DTYPES or value.numel() not in (1, batch) or value.dim() > 1:
         raise ValueError(f"{name} must be an integer tensor of shape [{batch}] (or one element), got {value.dtype} "
                          f"{tuple(value.shape)}")
     return value.reshape(-1).to(device=device, dtype=torch.int64).expand(batch).contiguous()
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros(batch: int, device: torch.device) -> torch.Tensor:
+    """[B] int64 zeros (the default start / positions), made once per shape and device: the kernels only read it."""
+    return torch.zeros(batch, dtype=torch.int64, device=device)
 
 
 def _philox_word(name: str, value: SeedLike, device: torch.device, *, allow_per_row: int = 0,
@@ -239,10 +248,14 @@ def verify(
     seed = _philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64)
     offset = _philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63)
     cfg_scale, temperature, top_k, rule_code, entropy_coef, tvd_threshold, coupling_code = scalars
-    outputs = _verify_op(
-        target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule_code, entropy_coef,
-        tvd_threshold, start, coupling_code, positions, seed, offset, return_probs, select_backend(backend, device),
-    )
+    args = (target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule_code,
+            entropy_coef, tvd_threshold, start, coupling_code, positions, seed, offset, return_probs)
+    chosen = select_backend(backend, device)
+    if torch.compiler.is_compiling():
+        outputs = _verify_op(*args, chosen)  # the registered op: traced through its fake implementation
+    else:
+        with torch.no_grad():  # eager: the same implementation without the dispatcher's per-call cost
+            outputs = _BACKEND_FUNCTIONS[chosen](*args)
     result = VerifyResult(*outputs)
     if not return_probs:
         result.probs = None

@@ -143,13 +143,15 @@ def verify_triton(
     device = target_logits.device
     f32 = dict(dtype=torch.float32, device=device)
     i32 = dict(dtype=torch.int32, device=device)
+    stats = torch.empty((4, B, L), **f32)  # entropy, tvd, accept_prob, distortion: one allocation
+    ints = torch.empty((3 * B * L + 2 * B,), **i32)  # per position: resampled, later draw, flags; per row: 2 outputs
     out = dict(
         probs=torch.empty((B, L, V) if return_probs else (0,), **f32),
-        ent=torch.empty((B, L), **f32), tvd=torch.empty((B, L), **f32), acc=torch.empty((B, L), **f32),
-        dist=torch.empty((B, L), **f32), tokens=torch.empty((B, L), dtype=torch.int64, device=device),
-        accept_len=torch.empty((B,), **i32), status=torch.empty((B,), **i32),
+        ent=stats[0], tvd=stats[1], acc=stats[2], dist=stats[3],
+        tokens=torch.empty((B, L), dtype=torch.int64, device=device),
+        accept_len=ints[3 * B * L:3 * B * L + B], status=ints[3 * B * L + B:],
     )
-    scratch = torch.empty((3, B, L), **i32)  # per position: resampled token, later draw, flags
+    scratch = ints[:3 * B * L].view(3, B, L)
     if B * L == 0:
         out["accept_len"].fill_(L)
         out["status"].zero_()
@@ -227,8 +229,8 @@ def _launch_split(chosen: Plan, a: _Args, out, scratch, top_k, entropy_coef, tvd
     n_split = -(-V // chosen.block)
     programs = B * L * n_split
     device = a.logits.device
-    stats = torch.empty((programs, split.N_STATS.value), dtype=torch.float32, device=device)
-    sums = torch.empty((programs, split.N_SUMS.value), dtype=torch.float32, device=device)
+    assert split.N_STATS.value == split.N_SUMS.value
+    stats, sums = torch.empty((2, programs, split.N_STATS.value), dtype=torch.float32, device=device)  # contiguous
     ints = torch.empty((programs * 3 + B * L + B,), dtype=torch.int32, device=device)
     index, bad_q = ints[: 2 * programs], ints[2 * programs: 3 * programs]
     position_count, row_count = ints[3 * programs: 3 * programs + B * L], ints[3 * programs + B * L:]
