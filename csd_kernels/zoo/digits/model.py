@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ...models.protocol import cache_kwarg, crop_cache  # one definition of the cache helpers
 from .tokenizer import GRID, TOKENS_PER_IMAGE, PatchCodebook
 
 NUM_CODES = 512
@@ -127,28 +128,6 @@ def prompt_ids(classes, device=None) -> torch.Tensor:
         raise ValueError(f"classes must be in 0..{NUM_CLASSES - 1}, got {c.tolist()}")
     out = (c + CLASS_TOKEN_OFFSET)[:, None]
     return out.to(device) if device is not None else out
-
-
-def cache_kwarg(lm) -> str:
-    """Name of the forward() keyword for the KV cache (``cache`` in transformers >= 5.2x, else ``past_key_values``)."""
-    import inspect
-
-    params = inspect.signature(type(lm).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def crop_cache(cache, new_length: int) -> None:
-    """Truncate a transformers cache to its first ``new_length`` positions.
-
-    Works with both cache APIs: transformers >= 5.2x ``DynamicCache.crop`` only accepts a *negative*
-    number of tokens to remove (a positive argument raises ValueError), older versions took the absolute
-    length but also accepted a negative count, so a negative count is used here.
-    """
-    n = cache.get_seq_length()
-    if new_length < 0:
-        raise ValueError(f"new_length must be >= 0, got {new_length}")
-    if n > new_length:
-        cache.crop(new_length - n)
 
 
 def cfg_logits(cond: torch.Tensor, uncond: torch.Tensor | None, cfg_scale: float, num_codes: int = NUM_CODES):
