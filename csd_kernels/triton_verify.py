@@ -143,15 +143,14 @@ def verify_triton(
     device = target_logits.device
     f32 = dict(dtype=torch.float32, device=device)
     i32 = dict(dtype=torch.int32, device=device)
-    stats = torch.empty((4, B, L), **f32)  # entropy, tvd, accept_prob, distortion: one allocation
-    ints = torch.empty((3 * B * L + 2 * B,), **i32)  # per position: resampled, later draw, flags; per row: 2 outputs
+    # the outputs are separate tensors: a custom op's outputs may not alias one another
     out = dict(
         probs=torch.empty((B, L, V) if return_probs else (0,), **f32),
-        ent=stats[0], tvd=stats[1], acc=stats[2], dist=stats[3],
-        tokens=torch.empty((B, L), dtype=torch.int64, device=device),
-        accept_len=ints[3 * B * L:3 * B * L + B], status=ints[3 * B * L + B:],
+        ent=torch.empty((B, L), **f32), tvd=torch.empty((B, L), **f32), acc=torch.empty((B, L), **f32),
+        dist=torch.empty((B, L), **f32), tokens=torch.empty((B, L), dtype=torch.int64, device=device),
+        accept_len=torch.empty((B,), **i32), status=torch.empty((B,), **i32),
     )
-    scratch = ints[:3 * B * L].view(3, B, L)
+    scratch = torch.empty((3, B, L), **i32)  # per position: resampled token, later draw, flags
     if B * L == 0:
         out["accept_len"].fill_(L)
         out["status"].zero_()
