@@ -47,7 +47,7 @@ class Variant:
 
 @dataclass
 class ResourceReport:
-    variant: Variant
+    label: str  # the variant (or what the kernel does)
     kernel: str
     block: int
     num_warps: int
@@ -148,21 +148,35 @@ def _kernels(variant: Variant):
 
 def compile_variant(variant: Variant, arch: int = 90) -> list[ResourceReport]:
     """Compile the kernels the launcher would run for ``variant`` and read ptxas -v (no GPU needed)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
     reports = []
     for kernel, constexprs, num_warps in _kernels(variant):
         if "s_qv" in kernel.arg_names:
             constexprs = dict(constexprs, s_qv=1)  # Triton's launcher specialises a unit stride to a constant
-        signature = _signature(kernel, variant, constexprs)
-        source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs,
-                                           attrs=_divisibility(kernel, signature))
-        options = {"num_warps": num_warps, "enable_fp_fusion": False}
-        compiled = triton.compiler.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
-        reports.append(ResourceReport(variant=variant, kernel=kernel.fn.__name__, block=constexprs["BLOCK_V"],
-                                      num_warps=num_warps, **_ptxas_report(compiled.asm["ptx"], arch)))
+        resources = _compile(kernel, _signature(kernel, variant, constexprs), constexprs, num_warps, arch)
+        reports.append(ResourceReport(variant.label, kernel.fn.__name__, constexprs["BLOCK_V"], num_warps, **resources))
     return reports
+
+
+def compile_draft_kernel(arch: int = 90) -> ResourceReport:
+    """The fresh-draft-token kernel of the decoding loop (csd_kernels/triton_kernels/drafts.py)."""
+    from .triton_kernels.drafts import draft_tokens_kernel
+
+    constexprs = {"PER_ROW_SEED": True, "BLOCK_L": 16}
+    signature = {name: "constexpr" if name in constexprs else "*i64" if name.endswith("_ptr") else "i32"
+                 for name in draft_tokens_kernel.arg_names}
+    resources = _compile(draft_tokens_kernel, signature, constexprs, 1, arch)
+    return ResourceReport("fresh draft tokens, L=16", "draft_tokens_kernel", 16, 1, **resources)
+
+
+def _compile(kernel, signature: dict, constexprs: dict, num_warps: int, arch: int) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs,
+                                       attrs=_divisibility(kernel, signature))
+    options = {"num_warps": num_warps, "enable_fp_fusion": False}
+    compiled = triton.compiler.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    return _ptxas_report(compiled.asm["ptx"], arch)
 
 
 def format_table(reports: list[ResourceReport]) -> str:
@@ -170,7 +184,7 @@ def format_table(reports: list[ResourceReport]) -> str:
               f"{'stack B':>8}")
     lines = [header, "-" * len(header)]
     for r in reports:
-        lines.append(f"{r.variant.label:<52} {r.kernel:<24} {r.block:>6} {r.num_warps:>5} {r.registers:>5} "
+        lines.append(f"{r.label:<52} {r.kernel:<24} {r.block:>6} {r.num_warps:>5} {r.registers:>5} "
                      f"{f'{r.spill_store_bytes}/{r.spill_load_bytes}':>14} {r.stack_bytes:>8}")
     return "\n".join(lines)
 
@@ -191,9 +205,10 @@ def main(argv=None) -> None:
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     reports = [r for v in (quick_variants() if args.quick else variants()) for r in compile_variant(v, args.arch)]
+    reports.append(compile_draft_kernel(args.arch))
     print(format_table(reports))
     if args.json:
-        rows = [dict(variant=r.variant.label, kernel=r.kernel, block=r.block, num_warps=r.num_warps,
+        rows = [dict(variant=r.label, kernel=r.kernel, block=r.block, num_warps=r.num_warps,
                      registers=r.registers, spill_store_bytes=r.spill_store_bytes,
                      spill_load_bytes=r.spill_load_bytes, stack_bytes=r.stack_bytes) for r in reports]
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -274,3 +274,17 @@ def test_status_bits_are_one_definition():
     if extension is None:
         pytest.skip("the C++ extension is not built")
     assert extension.status_bits() == expected
+
+
+def test_every_draft_token_implementation_is_the_reference():
+    """csd_kernels.drafts (C++ on the CPU, Triton on a GPU or under the interpreter) equals the reference bit for
+    bit: shared and per-row seeds, per-row offsets >= 2^32, positions wrapping mod 2^32."""
+    from csd_kernels import drafts
+
+    positions = torch.tensor([0, 2**32 - 2, 7, 123456789])
+    for seed, offset in [(torch.tensor([3]), torch.tensor([2**40 + 1])),
+                         (torch.tensor([1, 2**33, -5, 7]), torch.tensor([0, 5, 2**62, 1]))]:
+        expected = ref.random_draft_tokens(seed, offset, positions, 6, 16384)
+        assert torch.equal(drafts.random_draft_tokens(seed, offset, positions, 6, 16384), expected)
+        assert torch.equal(drafts._triton_draft_tokens(seed, offset, positions, 6, 16384), expected)
+        assert int(expected.min()) >= 0 and int(expected.max()) < 16384

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from .. import reference as ref
+from ..drafts import random_draft_tokens
 from ..grouped import grouped_verify
 from ..ops import verify
 from .state import RowState, Window
@@ -60,7 +61,7 @@ def draft_window(state: RowState, win: Window, run: Settings) -> Drafted:
     random from the step stream, or the committed token of the grid row above)."""
     batch = state.seq.shape[0]
     positions = torch.full((batch,), win.m, dtype=torch.int64, device=state.seq.device)  # [B]
-    fresh_tokens = ref.random_draft_tokens(run.seeds, state.attempts, positions, win.length, run.vocab)  # [B, L]
+    fresh_tokens = random_draft_tokens(run.seeds, state.attempts, positions, win.length, run.vocab)  # [B, L]
     above = None
     if run.draft_init == "above":
         above_pos = win.grid_pos[0] - run.width  # [L]
