@@ -257,6 +257,37 @@ def cmd_bench(args) -> list:
     return rows
 
 
+def _floats(text: str, flag: str) -> tuple:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+
+
+def cmd_sweep(args) -> dict:
+    """The speed-quality frontier (csd_kernels.frontier): every mode, csd over --lambdas x --taus x --couplings."""
+    from . import frontier
+
+    if args.model not in zoo.MODEL_NAMES:
+        raise UsageError(f"--model {args.model!r}: unknown model; choose from {', '.join(zoo.MODEL_NAMES)}")
+    if args.model != "digits":
+        raise UsageError(f"--model {args.model}: csd sweep needs a quality measure; only digits has one")
+    couplings = tuple(args.couplings.split(","))
+    bad = [c for c in couplings if c not in COUPLINGS]
+    if bad or args.per_class < 1 or args.seeds < 1 or args.workers < 1:
+        raise UsageError(f"unknown coupling {bad[0]!r}; choose from {', '.join(COUPLINGS)}" if bad else
+                         "--per-class, --seeds and --workers must be >= 1")
+    writable_dir(os.path.dirname(args.out) or ".")
+    grid = frontier.settings(_floats(args.lambdas, "--lambdas"), _floats(args.taus, "--taus"), couplings)
+    result = frontier.sweep(args.model, per_class=args.per_class, seeds=tuple(range(args.seeds)),
+                            workers=args.workers, grid=grid)
+    print(frontier.format_table(result))
+    print("\n".join(frontier.summary_lines(result)))
+    for path in frontier.save(result, args.out).values():
+        print(f"wrote {path}")
+    return result
+
+
 def cmd_run(args) -> Optional[dict]:
     from .runner import run
 
@@ -329,6 +360,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="two shapes instead of six")
     bench.add_argument("--out", default="benchmarks/results")
     bench.set_defaults(handler=cmd_bench)
+
+    sweep = commands.add_parser("sweep", help="the speed-quality frontier: every mode, csd over a grid of lambda x tau "
+                                              "x coupling, mean and spread over seeds (JSON, CSV, plot)")
+    sweep.add_argument("--model", default="digits", help="a zoo model with a quality measure (default: digits)")
+    sweep.add_argument("--per-class", dest="per_class", type=int, default=8, help="images per class per seed (8)")
+    sweep.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
+    sweep.add_argument("--lambdas", default="0,0.05,0.1,0.25,0.5,1", help="csd entropy_coef values")
+    sweep.add_argument("--taus", default="0.3,0.65,1", help="csd tvd_threshold values")
+    sweep.add_argument("--couplings", default="independent,maximal", help="csd couplings")
+    sweep.add_argument("--workers", type=int, default=2, help="processes, one torch thread each (default 2)")
+    sweep.add_argument("--out", default="out/sweep/frontier", help="path prefix of the .json, .csv and .png")
+    sweep.set_defaults(handler=cmd_sweep)
 
     run = commands.add_parser("run", help="sharded, resumable generation of a prompts file over modes "
                                           "(torchrun --nproc-per-node N -m csd_kernels run ...)")

@@ -27,6 +27,8 @@ class ZooModel:
     prompt_inputs: Callable[[list[str]], dict]  # prompts -> generate() inputs (input_ids [B, S], attention_mask)
     defaults: dict = field(default_factory=dict)  # generate() keyword defaults for this model
     quality: Optional[Callable[[torch.Tensor, list[str]], dict]] = None  # (tokens [B, H*W], prompts) -> metrics
+    # (prompts, seed) -> the same metrics for held-out real images of those prompts: the best a model can score
+    heldout_quality: Optional[Callable[[list[str], int], dict]] = None
     prompt_help: str = ""
 
 
@@ -40,7 +42,7 @@ def _no_options(name: str, options: dict) -> None:
 def _digits(device: Optional[torch.device] = None, **options) -> ZooModel:
     _no_options("digits", options)
     from ..models import ImageGPT
-    from .digits import GRID, NULL_TOKEN_ID, NUM_CLASSES, NUM_CODES, load_codebook, load_lm, prompt_ids, quality
+    from .digits import GRID, NULL_TOKEN_ID, NUM_CLASSES, NUM_CODES, load_codebook, load_lm, prompt_ids
 
     codebook = load_codebook()
     lm = load_lm() if device is None else load_lm().to(device)
@@ -58,28 +60,52 @@ def _digits(device: Optional[torch.device] = None, **options) -> ZooModel:
         return {"input_ids": ids if device is None else ids.to(device)}
 
     def measure(tokens: torch.Tensor, prompts: list[str]) -> dict:
-        images = codebook.decode(tokens.cpu())
-        labels = np.array([int(p) for p in prompts])
-        gen = quality.features(images)
-        real = _digits_real_features(tuple(sorted(set(labels.tolist()))))
-        return {"accuracy": quality.class_accuracy(images, labels), "frechet": quality.frechet_distance(gen, real)}
+        return _digits_quality(codebook.decode(tokens.cpu()), prompts)
 
-    return ZooModel("digits", model, parse, defaults=dict(cfg_scale=3.0), quality=measure,
+    def heldout(prompts: list[str], seed: int) -> dict:
+        return _digits_quality(_digits_heldout_images(prompts, seed), prompts)
+
+    return ZooModel("digits", model, parse, defaults=dict(cfg_scale=3.0), quality=measure, heldout_quality=heldout,
                     prompt_help=f"a digit class 0..{NUM_CLASSES - 1}")
 
 
-@functools.lru_cache(maxsize=None)
-def _digits_real_features(classes: tuple[int, ...]) -> np.ndarray:
-    """Classifier features of the real digits of the prompted classes (the Fréchet reference set)."""
-    from sklearn.datasets import load_digits
-
+def _digits_quality(images: torch.Tensor, prompts: list[str]) -> dict:
+    """Classifier accuracy and Fréchet distance to the train-split digits of the prompted classes."""
     from .digits import quality
 
-    digits = load_digits()
-    keep = np.isin(digits.target, classes)
-    x8 = torch.from_numpy(digits.data[keep].astype(np.float32).reshape(-1, 1, 8, 8) / 16.0)
-    x32 = torch.nn.functional.interpolate(x8, size=(32, 32), mode="bilinear", align_corners=False)[:, 0]
-    return quality.features(x32)
+    labels = np.array([int(p) for p in prompts])
+    real = _digits_train_features(tuple(sorted(set(labels.tolist()))))
+    return {"accuracy": quality.class_accuracy(images, labels),
+            "frechet": quality.frechet_distance(quality.features(images), real)}
+
+
+@functools.lru_cache(maxsize=None)
+def _digits_train_features(classes: tuple[int, ...]) -> np.ndarray:
+    """Classifier features of the train-split digits of the prompted classes (the Fréchet reference set)."""
+    from .digits import quality
+
+    x8, _, y, _ = quality._data_split()
+    return quality.features(_digits_to_32(x8[np.isin(y, classes)]))
+
+
+def _digits_heldout_images(prompts: list[str], seed: int) -> torch.Tensor:
+    """Held-out (test-split) digits [N, 32, 32], one per prompt of its class, drawn without replacement by ``seed``."""
+    from .digits import quality
+
+    _, x8, _, y = quality._data_split()
+    labels = [int(p) for p in prompts]
+    rng = np.random.default_rng(seed)
+    pools = {c: list(rng.permutation(np.flatnonzero(y == c))) for c in set(labels)}
+    for c in pools:
+        if labels.count(c) > len(pools[c]):
+            raise ValueError(f"class {c}: {labels.count(c)} prompts but {len(pools[c])} held-out digits")
+    return _digits_to_32(x8[[pools[c].pop() for c in labels]])
+
+
+def _digits_to_32(x8: np.ndarray) -> torch.Tensor:
+    """[N, 64] digits in 0..16 -> [N, 32, 32] in [0, 1], upsampled as the tokenizer's dataset is."""
+    t = torch.from_numpy(np.asarray(x8, dtype=np.float32).reshape(-1, 1, 8, 8) / 16.0)
+    return torch.nn.functional.interpolate(t, size=(32, 32), mode="bilinear", align_corners=False)[:, 0]
 
 
 def _loaders() -> dict:

@@ -93,6 +93,7 @@ def train(
     class_dropout: float = DEFAULTS["class_dropout"],
     shift: int = DEFAULTS["shift"],
     noise: float = DEFAULT_NOISE,
+    soft_draws: int = 0,
     subset: int | None = None,
     codebook: PatchCodebook | None = None,
     arch: dict | None = None,
@@ -149,8 +150,13 @@ def train(
         seq = torch.cat([cls[:, None], codes], dim=1)  # [B, 257]
         for grp in opt.param_groups:
             grp["lr"] = lr_at(step, steps, lr, warmup)
-        logits = lm(input_ids=seq[:, :-1], use_cache=False).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), seq[:, 1:].reshape(-1))
+        logits = lm(input_ids=seq[:, :-1], use_cache=False).logits.float()
+        if soft_draws:
+            target = codebook.code_distribution(x, draws=soft_draws, noise=noise, seed=(seed + 1) * 1_000_003 + step)
+            logp = torch.log_softmax(logits, dim=-1)[..., :num_codes]
+            loss = -(target * logp).sum(-1).mean()
+        else:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)

@@ -1,0 +1,59 @@
+"""The frontier plot: forward passes per image vs each quality measure, one marker per setting (matplotlib)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+FIXED_STYLE = {"ar": ("k", "*"), "sjd": ("tab:red", "s"), "sjd+maximal": ("tab:red", "D"),
+               "sjd+gumbel": ("tab:red", "P"), "gsd": ("tab:orange", "X")}
+TAU_MARKERS = ("v", "o", "^", "<", ">", "h")
+
+
+def plot(result: dict, path: str) -> None:
+    """csd: colour = λ, shape = τ, filled = coupled next drafts; grey band = ar's mean ± std; dashed = held-out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    csd = [s for s in result["settings"].values() if s["mode"] == "csd"]
+    lambdas = sorted({s["entropy_coef"] for s in csd})
+    markers = dict(zip(sorted({s["tvd_threshold"] for s in csd}), TAU_MARKERS))
+    colours = dict(zip(lambdas, plt.get_cmap("viridis")(np.linspace(0.0, 0.9, max(len(lambdas), 1)))))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
+    for ax, key, name in ((axes[0], "accuracy", "classifier accuracy (higher is better)"),
+                          (axes[1], "frechet", "Fréchet distance to real digits (lower is better)")):
+        _panel(ax, result, key, colours, markers)
+        ax.set_ylabel(name)
+    for lam, colour in colours.items():
+        axes[0].plot([], [], "s", color=colour, label=f"csd λ={lam:g}")
+    for tau, marker in markers.items():
+        axes[0].plot([], [], marker, color="0.4", mfc="none", label=f"csd τ={tau:g}")
+    axes[0].plot([], [], "o", color="0.4", label="filled: maximal coupling, hollow: independent")
+    axes[0].legend(fontsize=7, loc="lower left", ncol=2)
+    fig.suptitle(f"{result['model']}: forward passes vs quality (mean ± std over {len(result['seeds'])} seeds, "
+                 f"{10 * result['per_class']} images each)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _panel(ax, result: dict, key: str, colours: dict, markers: dict) -> None:
+    ar = result["results"]["ar"][key]
+    ax.axhspan(ar["mean"] - ar["std"], ar["mean"] + ar["std"], color="0.85", zorder=0, label="ar mean ± std")
+    if result.get("heldout"):
+        ax.axhline(result["heldout"][key]["mean"], color="0.3", ls="--", lw=1, label="held-out real digits")
+    for label, r in result["results"].items():
+        s = result["settings"][label]
+        x, y, yerr = r["passes"]["mean"], r[key]["mean"], r[key]["std"]
+        if s["mode"] == "csd":
+            colour = colours[s["entropy_coef"]]
+            face = colour if s["coupling"] != "independent" else "none"
+            ax.errorbar(x, y, yerr=yerr, fmt=markers[s["tvd_threshold"]], mfc=face, mec=colour,
+                        ecolor=colour, ms=7, alpha=0.9, lw=0.8)
+        else:
+            colour, marker = FIXED_STYLE.get(label, ("0.5", "o"))
+            ax.errorbar(x, y, yerr=yerr, fmt=marker, color=colour, ms=9, lw=0.8, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("forward passes per image (log scale)")
+    ax.grid(alpha=0.3, which="both")

@@ -1,0 +1,86 @@
+"""csd sweep / csd_kernels.frontier: the grid, the Pareto analysis, a small end-to-end sweep, bad input."""
+
+import csv
+import json
+
+import pytest
+
+from csd_kernels import cli, frontier
+from csd_kernels.frontier import Setting
+
+
+def _row(passes, accuracy, frechet, std=0.0):
+    return {"passes": {"mean": passes, "std": 0.0}, "accuracy": {"mean": accuracy, "std": std},
+            "frechet": {"mean": frechet, "std": std}}
+
+
+def test_grid():
+    grid = frontier.settings()
+    assert len(grid) == 5 + 2 * 6 * 3  # ar, sjd x3, gsd; csd x couplings x lambdas x taus
+    assert len({s.label for s in grid}) == len(grid)
+    assert [s.label for s in grid if s.lossless] == ["ar", "sjd", "sjd+maximal", "sjd+gumbel"] + [
+        s.label for s in grid if s.mode == "csd" and s.entropy_coef == 0.0]
+    assert Setting("x", "csd", "maximal", 0.25, 0.3).generate_kwargs() == dict(
+        mode="csd", coupling="maximal", entropy_coef=0.25, tvd_threshold=0.3)
+    assert Setting("ar", "ar").generate_kwargs() == dict(mode="ar", coupling=None)
+
+
+def test_pareto_and_answers():
+    rows = {"ar": _row(256, 0.90, 10.0, std=0.02),  # band: accuracy >= 0.88, Fréchet <= 10.02
+            "a": _row(80, 0.89, 10.0),  # 3.2x, inside the band
+            "b": _row(90, 0.80, 30.0),  # dominated by a
+            "c": _row(60, 0.70, 40.0),  # fastest, outside the band
+            "d": _row(100, 0.95, 9.0)}  # best quality
+    grid = {"ar": Setting("ar", "ar"), "a": Setting("a", "csd", "maximal", 0.1, 0.3),
+            "b": Setting("b", "sjd", "maximal"), "c": Setting("c", "gsd"), "d": Setting("d", "sjd", "gumbel")}
+    out = frontier.answers(rows, grid)
+    assert out["pareto"] == ["c", "a", "d"]  # by passes; ar is dominated by d
+    assert out["fast_inside_ar_band"] == ["a"]  # c is 4.3x but outside the band, d is 2.6x
+    assert out["best_lossless"] == "b"  # the lossless setting with the fewest passes (d: 100, b: 90)
+    assert not frontier.inside_band(rows["b"], rows["ar"])
+
+
+def test_small_sweep(tmp_path):
+    grid = [Setting("ar", "ar"), Setting("sjd+maximal", "sjd", "maximal"),
+            Setting("csd+maximal λ=0 τ=0.65", "csd", "maximal", 0.0, 0.65),
+            Setting("csd+maximal λ=1 τ=1", "csd", "maximal", 1.0, 1.0)]
+    result = frontier.sweep("digits", per_class=1, seeds=(0, 1), workers=1, grid=grid, classes=("1", "7"))
+    rows = result["results"]
+    assert rows["ar"]["passes"] == {"mean": 256.0, "std": 0.0}
+    # λ = 0 is strict verification: the same streams give the same passes and images as sjd with the same coupling
+    per_seed = {(r["label"], r["seed"]): r for r in result["per_seed"]}
+    for seed in (0, 1):
+        a, b = per_seed[("sjd+maximal", seed)], per_seed[("csd+maximal λ=0 τ=0.65", seed)]
+        assert a["passes"] == b["passes"] and a["frechet"] == b["frechet"] and b["distortion"] == 0.0
+    assert rows["csd+maximal λ=1 τ=1"]["distortion"]["mean"] > 0.0
+    assert result["best_lossless"] in ("sjd+maximal", "csd+maximal λ=0 τ=0.65")
+    assert result["heldout"]["accuracy"]["mean"] >= 0.5
+    paths = frontier.save(result, str(tmp_path / "f"))
+    assert json.load(open(paths["json"]))["pareto"] == result["pareto"]
+    assert [r["label"] for r in csv.DictReader(open(paths["csv"]))] == [s.label for s in grid]
+    assert open(paths["png"], "rb").read(4) == b"\x89PNG"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--couplings", "maximal,best"], "unknown coupling 'best'"),
+    (["--lambdas", "0,half"], "--lambdas: expected comma-separated numbers"),
+    (["--model", "llamagen"], "only digits has one"),
+    (["--model", "nope"], "unknown model"),
+    (["--per-class", "0"], "must be >= 1"),
+])
+def test_sweep_bad_input(argv, message, capsys, tmp_path):
+    assert cli.main(["sweep", "--out", str(tmp_path / "f"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_digits_heldout_quality():
+    from csd_kernels import zoo
+    from csd_kernels.zoo.digits import quality
+
+    entry = zoo.load("digits")
+    _, _, _, y_test = quality._data_split()
+    prompts = [str(c) for c in y_test]  # every held-out digit once
+    assert entry.heldout_quality(prompts, 0)["accuracy"] == pytest.approx(quality.heldout_accuracy(round_trip=True))
+    with pytest.raises(ValueError, match="class 3: .* held-out digits"):
+        entry.heldout_quality(prompts + ["3"], 0)
