@@ -42,7 +42,7 @@ def _no_options(name: str, options: dict) -> None:
 def _digits(device: Optional[torch.device] = None, **options) -> ZooModel:
     _no_options("digits", options)
     from ..models import ImageGPT
-    from .digits import GRID, NULL_TOKEN_ID, NUM_CLASSES, NUM_CODES, load_codebook, load_lm, prompt_ids
+    from .digits import DEFAULT_CFG, GRID, NULL_TOKEN_ID, NUM_CLASSES, NUM_CODES, load_codebook, load_lm, prompt_ids
 
     codebook = load_codebook()
     lm = load_lm() if device is None else load_lm().to(device)
@@ -65,8 +65,8 @@ def _digits(device: Optional[torch.device] = None, **options) -> ZooModel:
     def heldout(prompts: list[str], seed: int) -> dict:
         return _digits_quality(_digits_heldout_images(prompts, seed), prompts)
 
-    return ZooModel("digits", model, parse, defaults=dict(cfg_scale=3.0), quality=measure, heldout_quality=heldout,
-                    prompt_help=f"a digit class 0..{NUM_CLASSES - 1}")
+    return ZooModel("digits", model, parse, defaults=dict(cfg_scale=DEFAULT_CFG), quality=measure,
+                    heldout_quality=heldout, prompt_help=f"a digit class 0..{NUM_CLASSES - 1}")
 
 
 def _digits_quality(images: torch.Tensor, prompts: list[str]) -> dict:

@@ -11,6 +11,7 @@ Submodules import torch/transformers lazily enough that importing this package i
 
 from .model import (  # noqa: F401
     CLASS_TOKEN_OFFSET,
+    DEFAULT_CFG,
     GRID,
     NULL_TOKEN_ID,
     NUM_CLASSES,

@@ -28,6 +28,7 @@ VOCAB_SIZE = NUM_CODES + NUM_CLASSES + 1
 PROMPT_LEN = 1
 SEQ_LEN = PROMPT_LEN + TOKENS_PER_IMAGE  # 257
 
+DEFAULT_CFG = 1.5  # the shipped guidance scale: where AR samples clear the quality bar (README, "The shipped model")
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -143,7 +144,7 @@ def cfg_logits(cond: torch.Tensor, uncond: torch.Tensor | None, cfg_scale: float
 def sample_ar(
     lm,
     classes,
-    cfg_scale: float = 3.0,
+    cfg_scale: float = DEFAULT_CFG,
     temperature: float = 1.0,
     seed: int = 0,
     top_k: int | None = None,

@@ -1,6 +1,6 @@
 """Fit the patch codebook and train the class-conditional digits GPT.
 
-    python -m csd_kernels.zoo.digits.train --out DIR [--steps N] [--seed 0] [--num-codes 512]
+    python -m csd_kernels.zoo.digits.train --out DIR [--steps 4000] [--seed 0] [--soft-draws 16] [--threads 2]
 
 Writes ``codebook.safetensors``, ``model.safetensors`` (float16), ``config.json``,
 ``train_log.json`` and ``samples.png`` to ``DIR``.  Deterministic for a fixed seed
@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .model import CODEBOOK_FILE, NUM_CLASSES, build_lm, sample_ar, save_lm
+from .model import CODEBOOK_FILE, DEFAULT_CFG, NUM_CLASSES, build_lm, sample_ar, save_lm
 from .tokenizer import DEFAULT_NOISE, PatchCodebook, digits_dataset
 
-DEFAULTS = dict(steps=800, batch_size=32, lr=2e-3, warmup=50, weight_decay=0.05, class_dropout=0.1, shift=1)
+DEFAULTS = dict(steps=4000, batch_size=32, lr=2e-3, warmup=50, weight_decay=0.05, class_dropout=0.1, shift=1,
+                soft_draws=16)
 
 
 def random_shift(images: torch.Tensor, max_shift: int, g: torch.Generator) -> torch.Tensor:
@@ -45,12 +46,12 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t))))
 
 
-def evaluate_samples(lm, codebook, n_per_class: int = 5, cfg_scales=(1.0, 3.0), seed: int = 0) -> dict:
-    """Plain AR samples per class; classifier accuracy and Fréchet distance vs real digits per cfg."""
+def evaluate_samples(lm, codebook, n_per_class: int = 5, cfg_scales=(1.0, DEFAULT_CFG), seed: int = 0) -> dict:
+    """Plain AR samples per class; classifier accuracy and Fréchet distance vs the train-split digits per cfg."""
     from . import quality
 
     classes = torch.arange(NUM_CLASSES).repeat_interleave(n_per_class)
-    ref = quality.real_features()
+    ref = quality.real_features(split="train")
     out = {}
     for s in cfg_scales:
         t0 = time.time()
@@ -93,14 +94,14 @@ def train(
     class_dropout: float = DEFAULTS["class_dropout"],
     shift: int = DEFAULTS["shift"],
     noise: float = DEFAULT_NOISE,
-    soft_draws: int = 0,
+    soft_draws: int = DEFAULTS["soft_draws"],
     subset: int | None = None,
     codebook: PatchCodebook | None = None,
     arch: dict | None = None,
     threads: int | None = 2,
     log_every: int = 50,
     eval_per_class: int = 5,
-    eval_cfg_scales=(1.0, 3.0),
+    eval_cfg_scales=(1.0, DEFAULT_CFG),
     verbose: bool = True,
 ) -> dict:
     """Train the digits GPT. Returns a dict with ``losses`` (per step), ``lm``, ``codebook``, timings and
@@ -193,7 +194,7 @@ def train(
                                  for i in range(0, len(losses), 50)]
         meta["losses"] = [round(v, 4) for v in losses]
         meta["hyperparameters"] = dict(lr=lr, warmup=warmup, weight_decay=weight_decay, class_dropout=class_dropout,
-                                       shift=shift, noise=noise, subset=subset, arch=arch)
+                                       shift=shift, noise=noise, soft_draws=soft_draws, subset=subset, arch=arch)
         (out / "train_log.json").write_text(json.dumps(meta, indent=1))
         if "_sample_images" in result:
             key = sorted(result["_sample_images"])[-1]
@@ -213,11 +214,15 @@ def main(argv=None) -> None:
     ap.add_argument("--num-codes", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
     ap.add_argument("--lr", type=float, default=DEFAULTS["lr"])
+    ap.add_argument("--soft-draws", type=int, default=DEFAULTS["soft_draws"],
+                    help="targets: the code distribution of each patch from this many noise draws (0: one code)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--eval-per-class", type=int, default=5)
+    ap.add_argument("--eval-per-class", type=int, default=10)
+    ap.add_argument("--eval-cfg", default="1,1.5,2,3", help="cfg scales of the samples evaluated at the end")
     a = ap.parse_args(argv)
     train(a.out, steps=a.steps, seed=a.seed, num_codes=a.num_codes, batch_size=a.batch_size, lr=a.lr,
-          threads=a.threads, eval_per_class=a.eval_per_class)
+          soft_draws=a.soft_draws, threads=a.threads, eval_per_class=a.eval_per_class,
+          eval_cfg_scales=tuple(float(v) for v in a.eval_cfg.split(",")))
 
 
 if __name__ == "__main__":
