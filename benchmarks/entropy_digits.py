@@ -21,17 +21,23 @@ import argparse
 import numpy as np
 import torch
 
-from csd_kernels.zoo.digits import GRID, NULL_TOKEN_ID, cfg_logits, load_codebook, load_lm, prompt_ids, quality
+from csd_kernels.zoo.digits import (
+    GRID,
+    NULL_TOKEN_ID,
+    cfg_logits,
+    load_codebook,
+    load_lm,
+    prompt_ids,
+    quality,
+    upsample,
+)
 
 
 def real_digits(num: int) -> tuple[torch.Tensor, np.ndarray]:
     """``num`` held-out real digits (classes 0, 1, 2, ... in turn) at 32x32."""
-    import torch.nn.functional as F
-
     _, x_te, _, y_te = quality._data_split()
     picks = [int(np.flatnonzero(y_te == c % 10)[c // 10]) for c in range(num)]
-    x8 = torch.as_tensor(x_te[picks], dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
-    return F.interpolate(x8, size=(32, 32), mode="bilinear", align_corners=False)[:, 0].clamp(0, 1), y_te[picks]
+    return upsample(x_te[picks]), y_te[picks]
 
 
 def entropy(p: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,8 @@ import time
 import numpy as np
 import torch
 
+from csd_kernels.frontier import summarise
+
 RUNS = [("ar", dict(mode="ar")), ("sjd+maximal", dict(mode="sjd", coupling="maximal")), ("csd", dict(mode="csd"))]
 LOOP_MODULES = (os.sep.join(("csd_kernels", "decoding")), os.sep.join(("csd_kernels", "drafts.py")),
                 os.sep.join(("csd_kernels", "models", "protocol.py")))
@@ -54,8 +56,7 @@ def timed_runs(entry, batch: int, seeds: list[int]) -> dict:
                             "wall_per_call": wall / len(chunks), "wall_per_image": wall / len(prompts),
                             **{f"{k}_ms_per_iteration": 1e3 * v / iterations for k, v in totals.items()},
                             "rest_over_model": totals["rest"] / totals["model"]})
-        results[label] = {k: {"mean": float(np.mean([r[k] for r in records])),
-                              "std": float(np.std([r[k] for r in records]))} for k in records[0]}
+        results[label] = summarise(records)
     return results
 
 

@@ -23,6 +23,7 @@ import torch
 
 from . import zoo
 from .decoding import COUPLINGS, DRAFT_INITS, MODES, generate
+from .frontier import summarise
 from .usage import UsageError, writable_dir
 
 # The rows of `csd compare`: (label, mode, coupling).
@@ -191,8 +192,7 @@ def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, 
             per_seed.append(record)
             if seed == seeds[0]:
                 samples[label] = out.images.cpu().numpy() if out.images is not None else None
-        results[label] = {key: {"mean": float(np.mean([r[key] for r in per_seed])),
-                                "std": float(np.std([r[key] for r in per_seed]))} for key in per_seed[0]}
+        results[label] = summarise(per_seed)
     base = results[runs[0][0]]["passes"]["mean"]
     for label in results:
         results[label]["speedup"] = base / results[label]["passes"]["mean"]

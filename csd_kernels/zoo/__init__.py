@@ -84,13 +84,13 @@ def _digits_train_features(classes: tuple[int, ...]) -> np.ndarray:
     """Classifier features of the train-split digits of the prompted classes (the Fréchet reference set)."""
     from .digits import quality
 
-    x8, _, y, _ = quality._data_split()
-    return quality.features(_digits_to_32(x8[np.isin(y, classes)]))
+    _, _, y, _ = quality._data_split()
+    return quality.real_features(split="train")[np.isin(y, classes)]
 
 
 def _digits_heldout_images(prompts: list[str], seed: int) -> torch.Tensor:
     """Held-out (test-split) digits [N, 32, 32], one per prompt of its class, drawn without replacement by ``seed``."""
-    from .digits import quality
+    from .digits import quality, upsample
 
     _, x8, _, y = quality._data_split()
     labels = [int(p) for p in prompts]
@@ -99,13 +99,7 @@ def _digits_heldout_images(prompts: list[str], seed: int) -> torch.Tensor:
     for c in pools:
         if labels.count(c) > len(pools[c]):
             raise ValueError(f"class {c}: {labels.count(c)} prompts but {len(pools[c])} held-out digits")
-    return _digits_to_32(x8[[pools[c].pop() for c in labels]])
-
-
-def _digits_to_32(x8: np.ndarray) -> torch.Tensor:
-    """[N, 64] digits in 0..16 -> [N, 32, 32] in [0, 1], upsampled as the tokenizer's dataset is."""
-    t = torch.from_numpy(np.asarray(x8, dtype=np.float32).reshape(-1, 1, 8, 8) / 16.0)
-    return torch.nn.functional.interpolate(t, size=(32, 32), mode="bilinear", align_corners=False)[:, 0]
+    return upsample(x8[[pools[c].pop() for c in labels]])
 
 
 def _loaders() -> dict:

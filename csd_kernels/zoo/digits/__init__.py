@@ -26,4 +26,4 @@ from .model import (  # noqa: F401
     prompt_ids,
     sample_ar,
 )
-from .tokenizer import PatchCodebook, digits_dataset, to_uint8  # noqa: F401
+from .tokenizer import PatchCodebook, digits_dataset, to_uint8, upsample  # noqa: F401

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .tokenizer import upsample
+
 SPLIT_SEED = 0
 TEST_FRACTION = 0.25
 
@@ -47,9 +49,7 @@ def _data_split():
 
 def _round_trip8(x8: np.ndarray) -> np.ndarray:
     """[N, 64] 0..16 -> bilinear 32x32 -> area 8x8 (what a perfectly reproduced upsampled digit looks like)."""
-    t = torch.from_numpy(np.asarray(x8, dtype=np.float32).reshape(-1, 1, 8, 8) / 16.0)
-    x32 = F.interpolate(t, size=(32, 32), mode="bilinear", align_corners=False)[:, 0]
-    return downsample_to_8x8(x32)
+    return downsample_to_8x8(upsample(x8))
 
 
 @functools.lru_cache(maxsize=1)

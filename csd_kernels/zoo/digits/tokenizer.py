@@ -36,9 +36,14 @@ def digits_dataset() -> tuple[torch.Tensor, torch.Tensor]:
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    x = torch.from_numpy(d.images.astype(np.float32) / 16.0)  # [N, 8, 8]
-    x32 = F.interpolate(x[:, None], size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", align_corners=False)[:, 0]
-    return x32.clamp_(0.0, 1.0).contiguous(), torch.from_numpy(d.target.astype(np.int64))
+    return upsample(d.images), torch.from_numpy(d.target.astype(np.int64))
+
+
+def upsample(digits8) -> torch.Tensor:
+    """8x8 digits in the 0..16 scale of ``load_digits`` ([N, 64] or [N, 8, 8]) -> float32 [N, 32, 32] in [0, 1]."""
+    x = torch.as_tensor(np.asarray(digits8, dtype=np.float32)).reshape(-1, 1, 8, 8) / 16.0
+    x32 = F.interpolate(x, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", align_corners=False)[:, 0]
+    return x32.clamp_(0.0, 1.0).contiguous()
 
 
 def to_uint8(images: torch.Tensor) -> torch.Tensor:
