@@ -275,7 +275,7 @@ def cmd_sweep(args) -> dict:
     couplings = tuple(args.couplings.split(","))
     bad = [c for c in couplings if c not in COUPLINGS]
     if bad or args.per_class < 1 or args.seeds < 1 or args.workers < 1:
-        raise UsageError(f"unknown coupling {bad[0]!r}; choose from {', '.join(COUPLINGS)}" if bad else
+        raise UsageError(f"--couplings: unknown coupling {bad[0]!r}; choose from {', '.join(COUPLINGS)}" if bad else
                          "--per-class, --seeds and --workers must be >= 1")
     writable_dir(os.path.dirname(args.out) or ".")
     grid = frontier.settings(_floats(args.lambdas, "--lambdas"), _floats(args.taus, "--taus"), couplings)

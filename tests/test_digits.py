@@ -187,6 +187,8 @@ def test_short_training_loss_decreases(tmp_path, codebook):
     assert len(loss) == 30 and all(np.isfinite(loss))
     assert np.mean(loss[-5:]) < np.mean(loss[:5]) - 0.1
     lm2 = M.load_lm(tmp_path)  # the written artefacts load back
+    with pytest.raises(ValueError, match="soft_draws must be >= 0"):
+        train(tmp_path, steps=1, soft_draws=-1, codebook=codebook, eval_per_class=0, verbose=False, threads=None)
     assert lm2.config.vocab_size == M.VOCAB_SIZE
     assert M.load_codebook(tmp_path).num_codes == M.NUM_CODES
 

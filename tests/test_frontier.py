@@ -62,7 +62,7 @@ def test_small_sweep(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--couplings", "maximal,best"], "unknown coupling 'best'"),
+    (["--couplings", "maximal,best"], "--couplings: unknown coupling 'best'"),
     (["--lambdas", "0,half"], "--lambdas: expected comma-separated numbers"),
     (["--model", "llamagen"], "only digits has one"),
     (["--model", "nope"], "unknown model"),

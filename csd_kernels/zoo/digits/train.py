@@ -106,6 +106,8 @@ def train(
 ) -> dict:
     """Train the digits GPT. Returns a dict with ``losses`` (per step), ``lm``, ``codebook``, timings and
     (if ``eval_per_class > 0``) sample-quality figures. Writes artefacts to ``out_dir`` when given."""
+    if soft_draws < 0:
+        raise ValueError(f"soft_draws must be >= 0 (0: train on one drawn code), got {soft_draws}")
     if threads:
         torch.set_num_threads(threads)
     log = print if verbose else (lambda *a, **k: None)
