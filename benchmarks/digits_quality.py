@@ -14,7 +14,8 @@ zoo entry's defaults (temperature 1, no top-k) and measures them three ways:
 * a 5-nearest-neighbour classifier on the raw pixels of the train split (no learned features at all).
 
 Also the distance of every image to its nearest train-split digit (pixels, 0..16 scale), for generated and for
-held-out real digits: generated digits much closer than held-out ones would mean the model copies its data.
+held-out real digits, and to its nearest digit among all 1797 the model was trained on (for a real digit: the nearest
+other one): generated digits much closer than real ones would mean the model copies its data.
 """
 
 from __future__ import annotations
@@ -80,17 +81,21 @@ class Judges:
 
         x_tr, x_te, y_tr, y_te = quality._data_split()
         self.train8, self.heldout8, self.heldout_labels = quality._round_trip8(x_tr), quality._round_trip8(x_te), y_te
+        self.all8 = np.concatenate([self.train8, self.heldout8])
         self.cnn = train_cnn(x_tr, y_tr)
         self.knn = KNeighborsClassifier(n_neighbors=5).fit(self.train8, y_tr)
         with torch.no_grad():
             self.cnn_train = self.cnn.features(self.train8).numpy()
         self.clf_train = quality._features8(self.train8)
 
-    def measure(self, x8: np.ndarray, labels: np.ndarray) -> dict:
+    def measure(self, x8: np.ndarray, labels: np.ndarray, in_dataset: bool = False) -> dict:
+        """The measures of images [N, 64]; ``in_dataset``: they are among the 1797 digits (skip each one itself)."""
         with torch.no_grad():
             cnn_features = self.cnn.features(x8)
             cnn_pred = self.cnn.head(cnn_features).argmax(1).numpy()
         nearest = torch.cdist(torch.as_tensor(x8), torch.as_tensor(self.train8)).min(1).values.numpy()
+        to_all = torch.cdist(torch.as_tensor(x8), torch.as_tensor(self.all8)).topk(2, largest=False).values
+        nearest_any = to_all[:, 1 if in_dataset else 0].numpy()
         return {
             "package_accuracy": per_class_accuracy(quality.classifier().predict(x8), labels),
             "package_frechet": quality.frechet_distance(quality._features8(x8), self.clf_train),
@@ -98,6 +103,7 @@ class Judges:
             "cnn_frechet": quality.frechet_distance(cnn_features.numpy(), self.cnn_train),
             "knn_accuracy": per_class_accuracy(self.knn.predict(x8), labels),
             "nearest_train_distance": float(nearest.mean()),
+            "nearest_dataset_distance": float(nearest_any.mean()),
         }
 
 
@@ -143,7 +149,7 @@ def main() -> None:
     begin = time.perf_counter()
     entry = zoo.load("digits")
     judges = Judges()
-    heldout = judges.measure(judges.heldout8, judges.heldout_labels)
+    heldout = judges.measure(judges.heldout8, judges.heldout_labels, in_dataset=True)
     seeds = [int(s) for s in args.seeds.split(",")]
     runs = [judges.measure(*ar_images8(entry, args.per_class, seed, args.cfg)) for seed in seeds]
     report = {"cfg_scale": args.cfg or entry.defaults.get("cfg_scale"), "per_class": args.per_class,
@@ -164,7 +170,7 @@ def format_report(report: dict) -> str:
     for key in ("package_accuracy", "cnn_accuracy", "knn_accuracy"):
         lines.append(f"{key:24s} AR {pm(ar, key)}   real {real[key]['mean']:.3f}   per class (AR) "
                      + " ".join(f"{v:.2f}" for v in ar[key + '_per_class']))
-    for key in ("package_frechet", "cnn_frechet", "nearest_train_distance"):
+    for key in ("package_frechet", "cnn_frechet", "nearest_train_distance", "nearest_dataset_distance"):
         lines.append(f"{key:24s} AR {pm(ar, key)}   real {real[key]['mean']:.3f}")
     return "\n".join(lines)
 

@@ -144,7 +144,7 @@ def cmd_generate(args) -> dict:
         "tokens_per_image": tokens,
         "wall_seconds": wall,
         "timings": out.timings,
-        "mean_distortion": float(torch.nan_to_num(out.distortion_map, nan=0.0).mean()),
+        "mean_distortion": float(out.distortion_per_row().mean()),
         "mean_entropy": float(out.entropy_map.mean()),
     }
     if entry.quality is not None:
@@ -186,7 +186,7 @@ def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, 
             out = generate(entry.model, **inputs, mode=mode, coupling=coupling, seed=seed * num, progress=progress,
                            **generate_kwargs)
             record = {"passes": float(out.passes_per_row().mean()), "wall": time.perf_counter() - begin,
-                      "distortion": float(torch.nan_to_num(out.distortion_map, nan=0.0).mean())}
+                      "distortion": float(out.distortion_per_row().mean())}
             if entry.quality is not None:
                 record.update(entry.quality(out.tokens, prompts))
             per_seed.append(record)

@@ -82,7 +82,7 @@ def run_setting(model_name: str, setting: Setting, seed: int, prompts: list[str]
         tokens.append(out.tokens)
         row_passes.extend(out.passes_per_row().tolist())
         batch_passes.append(out.forward_passes)
-        distortion.extend(torch.nan_to_num(out.distortion_map, nan=0.0).mean((1, 2)).tolist())
+        distortion.extend(out.distortion_per_row().tolist())
     wall = time.perf_counter() - begin
     quality = entry.quality(torch.cat(tokens), prompts)
     return {"passes": float(np.mean(row_passes)), "batch_passes": float(np.mean(batch_passes)),

@@ -135,6 +135,16 @@ def test_csd_passes_and_maps(image_gpt):
     closed = ~(csd.tvd_map < 0.65)
     assert float(csd.distortion_map[closed].abs().max()) == 0.0
     assert set(csd.timings) >= {"model", "verify", "rest"}
+    # each row's mean distortion per token, from its own 4 x 5 map
+    assert csd.distortion_per_row().shape == (3,) and float(csd.distortion_per_row().max()) > 0
+    np.testing.assert_allclose(csd.distortion_per_row(), [float(csd.distortion_map[b].sum()) / 20 for b in range(3)],
+                               rtol=1e-6)
+
+
+def test_jd_distortion_is_unknown_and_counts_as_zero(image_gpt):
+    jd = generate(image_gpt, PROMPTS, mode="jd", window=8, cfg_scale=2.0, seed=1)
+    assert bool(jd.distortion_map.isnan().any())
+    np.testing.assert_array_equal(jd.distortion_per_row(), np.zeros(3))
 
 
 @pytest.mark.parametrize("mode", MODES)

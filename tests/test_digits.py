@@ -181,16 +181,56 @@ def test_sample_ar_deterministic(lm):
 def test_short_training_loss_decreases(tmp_path, codebook):
     from csd_kernels.zoo.digits.train import train
 
-    r = train(tmp_path, steps=30, subset=256, batch_size=8, warmup=5, codebook=codebook, eval_per_class=0,
+    r = train(tmp_path, steps=30, subset=256, batch_size=8, warmup=5, soft_draws=8, codebook=codebook, eval_per_class=0,
               log_every=0, verbose=False, threads=None)
     loss = r["losses"]
     assert len(loss) == 30 and all(np.isfinite(loss))
     assert np.mean(loss[-5:]) < np.mean(loss[:5]) - 0.1
     lm2 = M.load_lm(tmp_path)  # the written artefacts load back
-    with pytest.raises(ValueError, match="soft_draws must be >= 0"):
-        train(tmp_path, steps=1, soft_draws=-1, codebook=codebook, eval_per_class=0, verbose=False, threads=None)
     assert lm2.config.vocab_size == M.VOCAB_SIZE
     assert M.load_codebook(tmp_path).num_codes == M.NUM_CODES
+    # what is written is the moving average, not the last step's weights
+    written = dict(lm2.named_parameters())
+    for name, p in r["lm"].named_parameters():
+        torch.testing.assert_close(written[name], p.half().float())
+    assert any(not torch.equal(p, q) for p, q in zip(r["lm"].parameters(), r["raw_lm"].parameters()))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(soft_draws=-1), "soft_draws must be >= 0"),
+    (dict(soft_draws=256), "soft_draws must be in 1..255"),
+    (dict(ema=1.0), "ema must be in"),
+    (dict(ema=-0.1), "ema must be in"),
+])
+def test_training_rejects_bad_settings(tmp_path, codebook, kwargs, match):
+    from csd_kernels.zoo.digits.train import train
+
+    with pytest.raises(ValueError, match=match):
+        train(tmp_path, steps=1, subset=8, codebook=codebook, eval_per_class=0, verbose=False, threads=None, **kwargs)
+
+
+def test_precomputed_targets_equal_code_distribution(codebook, data):
+    from csd_kernels.zoo.digits.train import precompute_targets
+
+    x = data[0][:12]
+    counts = precompute_targets(codebook, x, draws=8, noise=codebook.noise, seed=5, chunk=5)
+    assert counts.dtype == torch.uint8 and counts.shape == (12, 256, codebook.num_codes)
+    assert bool((counts.sum(-1) == 8).all())
+    for i, s in enumerate(range(0, 12, 5)):  # chunk i draws its noise with seed 5 + i
+        torch.testing.assert_close(counts[s : s + 5].float() / 8, codebook.code_distribution(x[s : s + 5], draws=8,
+                                                                                             seed=5 + i))
+
+
+def test_update_ema():
+    from csd_kernels.zoo.digits.train import update_ema
+
+    avg, cur = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        avg.weight.fill_(0.0), cur.weight.fill_(1.0)
+    update_ema(avg, cur, decay=0.9, step=1000)  # d = min(0.9, 1001 / 1010) = 0.9
+    torch.testing.assert_close(avg.weight, torch.full((1, 2), 0.1))
+    update_ema(avg, cur, decay=0.9, step=0)  # warm-up: d = 1 / 10
+    torch.testing.assert_close(avg.weight, torch.full((1, 2), 0.1 + 0.9 * 0.9))
 
 
 # ------------------------------------------------------------------------------- quality

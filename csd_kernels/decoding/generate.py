@@ -52,6 +52,10 @@ class GenerateOutput:
         window, so this is the count the row would need if generated alone)."""
         return (np.asarray(self.accepted) > 0).sum(0)
 
+    def distortion_per_row(self) -> np.ndarray:
+        """[B] mean distortion per token of each row (jd's unknown distortion, NaN in the map, counts as 0)."""
+        return torch.nan_to_num(self.distortion_map, nan=0.0).float().mean((1, 2)).cpu().numpy()
+
 
 @torch.no_grad()
 def generate(

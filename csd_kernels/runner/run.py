@@ -344,7 +344,7 @@ def _generate_batch(ctx: Dist, spec: RunSpec, entry, prompts: list, settings: di
     per_row = result.passes_per_row()
     images = result.images.cpu().numpy() if result.images is not None else None
     tokens = result.tokens.cpu().tolist()
-    distortion = torch.nan_to_num(result.distortion_map, nan=0.0).float().mean((1, 2)).cpu().tolist()
+    distortion = result.distortion_per_row().tolist()
     log.info("step %d/%d: %d %s images in %.2f s, %.1f forward passes per image", step + 1, steps, len(batch), mode,
              wall, float(per_row.mean()))
     for row, (_, index, s) in enumerate(batch):
