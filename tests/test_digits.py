@@ -201,6 +201,7 @@ def test_short_training_loss_decreases(tmp_path, codebook):
     (dict(soft_draws=256), "soft_draws must be in 1..255"),
     (dict(ema=1.0), "ema must be in"),
     (dict(ema=-0.1), "ema must be in"),
+    (dict(shift=-1), "shift must be >= 0"),
 ])
 def test_training_rejects_bad_settings(tmp_path, codebook, kwargs, match):
     from csd_kernels.zoo.digits.train import train

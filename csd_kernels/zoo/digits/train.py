@@ -127,6 +127,33 @@ def soft_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return -(target * logp).sum(-1).mean()
 
 
+def batches(images: torch.Tensor, labels: torch.Tensor, steps: int, batch_size: int, shift: int,
+            class_dropout: float, num_codes: int, g: torch.Generator):
+    """Per step: (epoch, idx [B], images [B, 32, 32] shifted, prompt tokens [B] with class dropout to NULL).
+
+    Deterministic for ``g``: a fresh permutation each epoch, then per batch the shifts and the dropout draws.
+    """
+    n = images.shape[0]
+    perm, pos, epoch = torch.randperm(n, generator=g), 0, 0
+    for _ in range(steps):
+        if pos + batch_size > n:
+            perm, pos, epoch = torch.randperm(n, generator=g), 0, epoch + 1
+        idx = perm[pos : pos + batch_size]
+        pos += batch_size
+        x = random_shift(images[idx], shift, g)
+        drop = torch.rand(idx.shape[0], generator=g) < class_dropout
+        yield epoch, idx, x, torch.where(drop, num_codes + NUM_CLASSES, labels[idx] + num_codes)
+
+
+def check_settings(soft_draws: int, ema: float, shift: int) -> None:
+    if soft_draws < 0:
+        raise ValueError(f"soft_draws must be >= 0 (0: train on one drawn code), got {soft_draws}")
+    if not 0.0 <= ema < 1.0:
+        raise ValueError(f"ema must be in [0, 1) (0: no moving average), got {ema}")
+    if shift < 0:
+        raise ValueError(f"shift must be >= 0 pixels, got {shift}")
+
+
 def train(
     out_dir=None,
     steps: int = DEFAULTS["steps"],
@@ -153,10 +180,7 @@ def train(
     """Train the digits GPT. Returns a dict with ``losses`` (per step), ``lm`` (the EMA weights when ``ema > 0``,
     else the trained ones), ``raw_lm`` (the trained weights), ``codebook``, timings and (if ``eval_per_class > 0``)
     sample-quality figures. Writes artefacts to ``out_dir`` when given."""
-    if soft_draws < 0:
-        raise ValueError(f"soft_draws must be >= 0 (0: train on one drawn code), got {soft_draws}")
-    if not 0.0 <= ema < 1.0:
-        raise ValueError(f"ema must be in [0, 1) (0: no moving average), got {ema}")
+    check_settings(soft_draws, ema, shift)
     if threads:
         torch.set_num_threads(threads)
     log = print if verbose else (lambda *a, **k: None)
@@ -164,7 +188,6 @@ def train(
     images, labels = digits_dataset()
     if subset is not None:
         images, labels = images[:subset], labels[:subset]
-    n = images.shape[0]
 
     t0 = time.time()
     if codebook is None:
@@ -187,21 +210,12 @@ def train(
     log(f"model: {n_params / 1e6:.2f}M params, {lm.config.num_hidden_layers} layers, hidden {lm.config.hidden_size}")
     opt = make_optimizer(lm, lr, weight_decay)
     g = torch.Generator().manual_seed(seed + 12345)
-    null_id = num_codes + NUM_CLASSES
     losses: list[float] = []
-    perm, pos, epoch = torch.randperm(n, generator=g), 0, 0
     t_loop = time.time()
-    for step in range(steps):
-        if pos + batch_size > n:  # deterministic data order: a fresh seeded permutation each epoch
-            perm, pos, epoch = torch.randperm(n, generator=g), 0, epoch + 1
-        idx = perm[pos : pos + batch_size]
-        pos += batch_size
-        x = random_shift(images[idx], shift, g)
+    for step, (epoch, idx, x, prompt) in enumerate(batches(images, labels, steps, batch_size, shift, class_dropout,
+                                                           num_codes, g)):
         codes = codebook.encode(x, noise=noise, seed=seed * 1_000_003 + step)  # the context: texture re-drawn
-        cls = labels[idx] + num_codes
-        drop = torch.rand(idx.shape[0], generator=g) < class_dropout
-        cls = torch.where(drop, torch.full_like(cls, null_id), cls)
-        seq = torch.cat([cls[:, None], codes], dim=1)  # [B, 257]
+        seq = torch.cat([prompt[:, None], codes], dim=1)  # [B, 257]
         for grp in opt.param_groups:
             grp["lr"] = lr_at(step, steps, lr, warmup)
         logits = lm(input_ids=seq[:, :-1], use_cache=False).logits.float()  # [B, 256, V]
@@ -222,8 +236,7 @@ def train(
         if log_every and (step % log_every == 0 or step == steps - 1):
             k = min(len(losses), log_every)
             log(f"step {step:5d}  epoch {epoch:3d}  loss {sum(losses[-k:]) / k:.4f}  "
-                f"lr {lr_at(step, steps, lr, warmup):.2e}  "
-                f"{time.time() - t_loop:.0f}s")
+                f"lr {lr_at(step, steps, lr, warmup):.2e}  {time.time() - t_loop:.0f}s")
     t_train = time.time() - t_loop
     raw_lm, lm = lm.eval(), (ema_lm if ema_lm is not None else lm.eval())
     tail = losses[-min(50, len(losses)):]
@@ -233,33 +246,44 @@ def train(
         train_seconds=t_train, lm=lm, raw_lm=raw_lm, codebook=codebook,
     )
     if eval_per_class > 0:
-        ev = evaluate_samples(lm, codebook, n_per_class=eval_per_class, cfg_scales=eval_cfg_scales, seed=seed)
-        for k, v in ev.items():
-            log(f"samples {k}: class accuracy {v['class_accuracy']:.3f}  frechet {v['frechet']:.2f}  "
-                f"({v['n']} samples, {v['seconds']:.1f}s)")
-        result["samples"] = {k: {kk: vv for kk, vv in v.items() if kk != "_images"} for k, v in ev.items()}
-        result["_sample_images"] = {k: v["_images"] for k, v in ev.items()}
+        result.update(evaluate(lm, codebook, eval_per_class, eval_cfg_scales, seed, log))
     result["total_seconds"] = time.time() - t_start
     if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        codebook.save(out / CODEBOOK_FILE)
-        save_lm(lm, out)
-        meta = {k: v for k, v in result.items() if k not in ("lm", "raw_lm", "codebook", "_sample_images")}
-        meta["loss_every_50"] = [round(sum(losses[i:i + 50]) / len(losses[i:i + 50]), 4)
-                                 for i in range(0, len(losses), 50)]
-        meta["losses"] = [round(v, 4) for v in losses]
-        meta["hyperparameters"] = dict(lr=lr, warmup=warmup, weight_decay=weight_decay, class_dropout=class_dropout,
-                                       shift=shift, noise=noise, soft_draws=soft_draws, ema=ema, subset=subset,
-                                       arch=arch)
-        (out / "train_log.json").write_text(json.dumps(meta, indent=1))
-        if "_sample_images" in result:
-            key = sorted(result["_sample_images"])[-1]
-            save_grid(result["_sample_images"][key], out / "samples.png", ncol=eval_per_class)
-        log(f"wrote {out}")
-    log(f"total {result['total_seconds']:.1f}s (codebook {t_codebook:.1f}s, training {t_train:.1f}s), "
-        f"final loss {result['final_loss']:.4f}")
+        hyper = dict(lr=lr, warmup=warmup, weight_decay=weight_decay, class_dropout=class_dropout, shift=shift,
+                     noise=noise, soft_draws=soft_draws, ema=ema, subset=subset, arch=arch)
+        write_artefacts(Path(out_dir), result, hyper, eval_per_class)
+        log(f"wrote {out_dir}")
+    log(f"total {result['total_seconds']:.1f}s (codebook {t_codebook:.1f}s, targets {t_targets:.1f}s, "
+        f"training {t_train:.1f}s), final loss {result['final_loss']:.4f}")
     return result
+
+
+def evaluate(lm, codebook, per_class: int, cfg_scales, seed: int, log) -> dict:
+    """``samples`` (accuracy and Fréchet distance per cfg) and ``_sample_images`` for the result of :func:`train`."""
+    ev = evaluate_samples(lm, codebook, n_per_class=per_class, cfg_scales=cfg_scales, seed=seed)
+    for k, v in ev.items():
+        log(f"samples {k}: class accuracy {v['class_accuracy']:.3f}  frechet {v['frechet']:.2f}  "
+            f"({v['n']} samples, {v['seconds']:.1f}s)")
+    return {"samples": {k: {kk: vv for kk, vv in v.items() if kk != "_images"} for k, v in ev.items()},
+            "_sample_images": {k: v["_images"] for k, v in ev.items()}}
+
+
+def write_artefacts(out: Path, result: dict, hyperparameters: dict, eval_per_class: int) -> None:
+    """The codebook, the (EMA) weights, train_log.json and, after an evaluation, samples.png (one row per class)."""
+    out.mkdir(parents=True, exist_ok=True)
+    result["codebook"].save(out / CODEBOOK_FILE)
+    save_lm(result["lm"], out)
+    losses = result["losses"]
+    meta = {k: v for k, v in result.items() if k not in ("lm", "raw_lm", "codebook", "_sample_images")}
+    meta["loss_every_50"] = [round(sum(losses[i:i + 50]) / len(losses[i:i + 50]), 4)
+                             for i in range(0, len(losses), 50)]
+    meta["losses"] = [round(v, 4) for v in losses]
+    meta["hyperparameters"] = hyperparameters
+    (out / "train_log.json").write_text(json.dumps(meta, indent=1))
+    if "_sample_images" in result:  # at the shipped cfg when it was evaluated
+        key = f"cfg{DEFAULT_CFG:g}" if f"cfg{DEFAULT_CFG:g}" in result["_sample_images"] else \
+            sorted(result["_sample_images"])[-1]
+        save_grid(result["_sample_images"][key], out / "samples.png", ncol=eval_per_class)
 
 
 def main(argv=None) -> None:
