@@ -28,7 +28,7 @@ VOCAB_SIZE = NUM_CODES + NUM_CLASSES + 1
 PROMPT_LEN = 1
 SEQ_LEN = PROMPT_LEN + TOKENS_PER_IMAGE  # 257
 
-DEFAULT_CFG = 1.5  # the shipped guidance scale: where AR samples clear the quality bar (README, "The shipped model")
+DEFAULT_CFG = 1.0  # the shipped guidance scale: the model's own distribution (README, "The shipped model")
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"

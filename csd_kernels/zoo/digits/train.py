@@ -54,7 +54,7 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t))))
 
 
-def evaluate_samples(lm, codebook, n_per_class: int = 5, cfg_scales=(1.0, DEFAULT_CFG), seed: int = 0) -> dict:
+def evaluate_samples(lm, codebook, n_per_class: int = 5, cfg_scales=(DEFAULT_CFG,), seed: int = 0) -> dict:
     """Plain AR samples per class; classifier accuracy and Fréchet distance vs the train-split digits per cfg."""
     from . import quality
 
@@ -174,7 +174,7 @@ def train(
     threads: int | None = 2,
     log_every: int = 50,
     eval_per_class: int = 5,
-    eval_cfg_scales=(1.0, DEFAULT_CFG),
+    eval_cfg_scales=(DEFAULT_CFG,),
     verbose: bool = True,
 ) -> dict:
     """Train the digits GPT. Returns a dict with ``losses`` (per step), ``lm`` (the EMA weights when ``ema > 0``,
