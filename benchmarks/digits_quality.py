@@ -93,9 +93,9 @@ class Judges:
         with torch.no_grad():
             cnn_features = self.cnn.features(x8)
             cnn_pred = self.cnn.head(cnn_features).argmax(1).numpy()
-        nearest = torch.cdist(torch.as_tensor(x8), torch.as_tensor(self.train8)).min(1).values.numpy()
-        to_all = torch.cdist(torch.as_tensor(x8), torch.as_tensor(self.all8)).topk(2, largest=False).values
-        nearest_any = to_all[:, 1 if in_dataset else 0].numpy()
+        dist = torch.cdist(torch.as_tensor(x8), torch.as_tensor(self.all8))  # all8 = train8, then held-out
+        nearest = dist[:, : len(self.train8)].min(1).values.numpy()
+        nearest_any = dist.topk(2, dim=1, largest=False).values[:, 1 if in_dataset else 0].numpy()
         return {
             "package_accuracy": per_class_accuracy(quality.classifier().predict(x8), labels),
             "package_frechet": quality.frechet_distance(quality._features8(x8), self.clf_train),

@@ -181,14 +181,16 @@ def test_sample_ar_deterministic(lm):
 def test_short_training_loss_decreases(tmp_path, codebook):
     from csd_kernels.zoo.digits.train import train
 
-    r = train(tmp_path, steps=30, subset=256, batch_size=8, warmup=5, soft_draws=8, codebook=codebook, eval_per_class=0,
-              log_every=0, verbose=False, threads=None)
+    r = train(tmp_path, steps=30, subset=256, batch_size=8, warmup=5, soft_draws=8, codebook=codebook, eval_per_class=1,
+              eval_cfg_scales=(M.DEFAULT_CFG, 2.0), log_every=0, verbose=False, threads=None)
     loss = r["losses"]
     assert len(loss) == 30 and all(np.isfinite(loss))
     assert np.mean(loss[-5:]) < np.mean(loss[:5]) - 0.1
     lm2 = M.load_lm(tmp_path)  # the written artefacts load back
     assert lm2.config.vocab_size == M.VOCAB_SIZE
     assert M.load_codebook(tmp_path).num_codes == M.NUM_CODES
+    assert set(r["samples"]) == {f"cfg{M.DEFAULT_CFG:g}", "cfg2"} and r["samples"]["cfg2"]["n"] == 10
+    assert (tmp_path / "samples.png").is_file()
     # what is written is the moving average, not the last step's weights
     written = dict(lm2.named_parameters())
     for name, p in r["lm"].named_parameters():
@@ -203,11 +205,15 @@ def test_short_training_loss_decreases(tmp_path, codebook):
     (dict(ema=-0.1), "ema must be in"),
     (dict(shift=-1), "shift must be >= 0"),
 ])
-def test_training_rejects_bad_settings(tmp_path, codebook, kwargs, match):
-    from csd_kernels.zoo.digits.train import train
+def test_training_rejects_bad_settings(tmp_path, monkeypatch, kwargs, match):
+    from csd_kernels.zoo.digits import train as T
 
+    def no_fit(*args, **kw):
+        raise AssertionError("a bad setting must be refused before the codebook is fitted")
+
+    monkeypatch.setattr(T.PatchCodebook, "fit", no_fit)
     with pytest.raises(ValueError, match=match):
-        train(tmp_path, steps=1, subset=8, codebook=codebook, eval_per_class=0, verbose=False, threads=None, **kwargs)
+        T.train(tmp_path, steps=1, subset=8, eval_per_class=0, verbose=False, threads=None, **kwargs)
 
 
 def test_precomputed_targets_equal_code_distribution(codebook, data):

@@ -54,25 +54,28 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t))))
 
 
-def evaluate_samples(lm, codebook, n_per_class: int = 5, cfg_scales=(DEFAULT_CFG,), seed: int = 0) -> dict:
-    """Plain AR samples per class; classifier accuracy and Fréchet distance vs the train-split digits per cfg."""
+def evaluate_samples(lm, codebook, n_per_class: int = 5, cfg_scales=(DEFAULT_CFG,), seed: int = 0,
+                     log=lambda *a: None) -> dict:
+    """Plain AR samples per class at each cfg: ``samples`` (classifier accuracy and Fréchet distance vs the
+    train-split digits) and ``_sample_images`` ([N, 32, 32], class-major), both keyed ``cfg<scale>``."""
     from . import quality
 
     classes = torch.arange(NUM_CLASSES).repeat_interleave(n_per_class)
     ref = quality.real_features(split="train")
-    out = {}
+    samples, images = {}, {}
     for s in cfg_scales:
         t0 = time.time()
-        toks = sample_ar(lm, classes, cfg_scale=s, temperature=1.0, seed=seed)
-        imgs = codebook.decode(toks)
-        out[f"cfg{s:g}"] = dict(
-            class_accuracy=quality.class_accuracy(imgs, classes),
-            frechet=quality.frechet_distance(quality.features(imgs), ref),
+        key = f"cfg{s:g}"
+        images[key] = codebook.decode(sample_ar(lm, classes, cfg_scale=s, temperature=1.0, seed=seed))
+        samples[key] = dict(
+            class_accuracy=quality.class_accuracy(images[key], classes),
+            frechet=quality.frechet_distance(quality.features(images[key]), ref),
             seconds=round(time.time() - t0, 2),
             n=int(classes.numel()),
         )
-        out[f"cfg{s:g}"]["_images"] = imgs
-    return out
+        log(f"samples {key}: class accuracy {samples[key]['class_accuracy']:.3f}  "
+            f"frechet {samples[key]['frechet']:.2f}  ({samples[key]['n']} samples, {samples[key]['seconds']:.1f}s)")
+    return {"samples": samples, "_sample_images": images}
 
 
 def save_grid(images: torch.Tensor, path, ncol: int) -> None:
@@ -148,6 +151,8 @@ def batches(images: torch.Tensor, labels: torch.Tensor, steps: int, batch_size: 
 def check_settings(soft_draws: int, ema: float, shift: int) -> None:
     if soft_draws < 0:
         raise ValueError(f"soft_draws must be >= 0 (0: train on one drawn code), got {soft_draws}")
+    if soft_draws > 255 and not shift:  # before the codebook fit, not after it, in precompute_targets
+        raise ValueError(f"soft_draws must be in 1..255 to precompute targets (shift 0), got {soft_draws}")
     if not 0.0 <= ema < 1.0:
         raise ValueError(f"ema must be in [0, 1) (0: no moving average), got {ema}")
     if shift < 0:
@@ -246,7 +251,7 @@ def train(
         train_seconds=t_train, lm=lm, raw_lm=raw_lm, codebook=codebook,
     )
     if eval_per_class > 0:
-        result.update(evaluate(lm, codebook, eval_per_class, eval_cfg_scales, seed, log))
+        result.update(evaluate_samples(lm, codebook, eval_per_class, eval_cfg_scales, seed, log))
     result["total_seconds"] = time.time() - t_start
     if out_dir is not None:
         hyper = dict(lr=lr, warmup=warmup, weight_decay=weight_decay, class_dropout=class_dropout, shift=shift,
@@ -256,16 +261,6 @@ def train(
     log(f"total {result['total_seconds']:.1f}s (codebook {t_codebook:.1f}s, targets {t_targets:.1f}s, "
         f"training {t_train:.1f}s), final loss {result['final_loss']:.4f}")
     return result
-
-
-def evaluate(lm, codebook, per_class: int, cfg_scales, seed: int, log) -> dict:
-    """``samples`` (accuracy and Fréchet distance per cfg) and ``_sample_images`` for the result of :func:`train`."""
-    ev = evaluate_samples(lm, codebook, n_per_class=per_class, cfg_scales=cfg_scales, seed=seed)
-    for k, v in ev.items():
-        log(f"samples {k}: class accuracy {v['class_accuracy']:.3f}  frechet {v['frechet']:.2f}  "
-            f"({v['n']} samples, {v['seconds']:.1f}s)")
-    return {"samples": {k: {kk: vv for kk, vv in v.items() if kk != "_images"} for k, v in ev.items()},
-            "_sample_images": {k: v["_images"] for k, v in ev.items()}}
 
 
 def write_artefacts(out: Path, result: dict, hyperparameters: dict, eval_per_class: int) -> None:
@@ -280,10 +275,11 @@ def write_artefacts(out: Path, result: dict, hyperparameters: dict, eval_per_cla
     meta["losses"] = [round(v, 4) for v in losses]
     meta["hyperparameters"] = hyperparameters
     (out / "train_log.json").write_text(json.dumps(meta, indent=1))
-    if "_sample_images" in result:  # at the shipped cfg when it was evaluated
-        key = f"cfg{DEFAULT_CFG:g}" if f"cfg{DEFAULT_CFG:g}" in result["_sample_images"] else \
-            sorted(result["_sample_images"])[-1]
-        save_grid(result["_sample_images"][key], out / "samples.png", ncol=eval_per_class)
+    images = result.get("_sample_images")
+    if images:  # at the shipped cfg when it was evaluated
+        key = f"cfg{DEFAULT_CFG:g}"
+        save_grid(images[key] if key in images else images[sorted(images)[-1]], out / "samples.png",
+                  ncol=eval_per_class)
 
 
 def main(argv=None) -> None:
