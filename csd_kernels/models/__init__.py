@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from .image_gpt import ImageGPT
 from .janus import JANUS_DEFAULTS, JanusAdapter, janus_prompt
+from .janus_checkpoint import load_janus_pro
 from .llamagen import LlamaGenAdapter, load_llamagen
 from .llamagen.gpt import Transformer as _LlamaGenTransformer
 from .lumina import LUMINA_DEFAULTS, LuminaMGPT, load_lumina_mgpt, lumina_grid, lumina_prompt
 from .protocol import ImageAdapter, is_adapter
 
 __all__ = ["ImageAdapter", "ImageGPT", "JANUS_DEFAULTS", "JanusAdapter", "LUMINA_DEFAULTS", "LlamaGenAdapter",
-           "LuminaMGPT", "get_adapter", "is_adapter", "janus_prompt", "load_llamagen", "load_lumina_mgpt",
-           "lumina_grid", "lumina_prompt"]
+           "LuminaMGPT", "get_adapter", "is_adapter", "janus_prompt", "load_janus_pro", "load_llamagen",
+           "load_lumina_mgpt", "lumina_grid", "lumina_prompt"]
 
 
 def get_adapter(model):

@@ -181,8 +181,8 @@ def janus_original_config(raw: dict, stored: dict, where: Union[str, Path] = "co
     if unknown:
         raise ValueError(f"{where}: unknown config fields {unknown}")
     vision, aligner = _params(raw, "vision_config", where), _params(raw, "aligner_config", where)
-    gen_vision, gen_aligner = _params(raw, "gen_vision_config", where), _params(raw, "gen_aligner_config", where)
-    gen_head = _params(raw, "gen_head_config", where)
+    _params(raw, "gen_vision_config", where)  # its params are not read by deepseek's code either (VQ-16 preset)
+    gen_aligner, gen_head = _params(raw, "gen_aligner_config", where), _params(raw, "gen_head_config", where)
     text = LlamaConfig(**_language_config(raw.get("language_config") or {}, where))
 
     model_name = vision.get("model_name", "siglip_large_patch16_384")
@@ -235,10 +235,12 @@ _RENAMES = (
     (r"gen_vision_model\.(encoder|decoder)\.mid\.2\.(.+)", r"model.vqmodel.\1.mid.block_2.\2"),
     (r"gen_vision_model\.(.+)", r"model.vqmodel.\1"),
     (r"vision_model\.vision_tower\.patch_embed\.proj\.(.+)", r"model.vision_model.embeddings.patch_embedding.\1"),
-    (r"vision_model\.vision_tower\.blocks\.(\d+)\.norm(1|2)\.(.+)", r"model.vision_model.encoder.layers.\1.layer_norm\2.\3"),
+    (r"vision_model\.vision_tower\.blocks\.(\d+)\.norm(1|2)\.(.+)",
+     r"model.vision_model.encoder.layers.\1.layer_norm\2.\3"),
     (r"vision_model\.vision_tower\.blocks\.(\d+)\.attn\.proj\.(.+)",
      r"model.vision_model.encoder.layers.\1.self_attn.projection_layer.\2"),
-    (r"vision_model\.vision_tower\.blocks\.(\d+)\.mlp\.(fc1|fc2)\.(.+)", r"model.vision_model.encoder.layers.\1.mlp.\2.\3"),
+    (r"vision_model\.vision_tower\.blocks\.(\d+)\.mlp\.(fc1|fc2)\.(.+)",
+     r"model.vision_model.encoder.layers.\1.mlp.\2.\3"),
     (r"vision_model\.vision_tower\.norm\.(.+)", r"model.vision_model.post_layernorm.\1"),
 )
 _QKV = re.compile(r"vision_model\.vision_tower\.blocks\.(\d+)\.attn\.qkv\.(weight|bias)$")
@@ -328,7 +330,8 @@ def _token_ids(path: Path) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     processor = _read_json(path / "processor_config.json") if (path / "processor_config.json").is_file() else {}
     vocab = tokenizer.get_vocab()
-    ids = {"bos": tokenizer.bos_token_id, "pad": vocab.get(processor.get("pad_tag", "<｜▁pad▁｜>"), tokenizer.pad_token_id),
+    pad = vocab.get(processor.get("pad_tag", "<｜▁pad▁｜>"), tokenizer.pad_token_id)
+    ids = {"bos": tokenizer.bos_token_id, "pad": pad,
            "boi": vocab.get(processor.get("image_start_tag", "<begin_of_image>")),
            "image": vocab.get(processor.get("image_tag", "<image_placeholder>"))}
     return {k: v for k, v in ids.items() if v is not None}
@@ -380,7 +383,8 @@ def load_janus_pro(path: Union[str, os.PathLike], *, dtype: Optional[torch.dtype
     generation.bos_token_id = ids.get("bos", generation.bos_token_id)
     generation.pad_token_id = ids.get("pad", generation.pad_token_id)
     if "boi" in ids:
-        generation.generation_kwargs = dict(getattr(generation, "generation_kwargs", None) or {}, boi_token_id=ids["boi"])
+        kwargs = getattr(generation, "generation_kwargs", None) or {}
+        generation.generation_kwargs = dict(kwargs, boi_token_id=ids["boi"])
     if "image" in ids:
         model.config.image_token_id = ids["image"]
     return model.eval()

@@ -7,7 +7,9 @@
   features: use the Python API, ``load_llamagen`` + ``generate(prompt_embeds=...)``.)
 * ``lumina-mgpt``: ``weights`` = a Lumina-mGPT checkpoint folder (config.json, safetensors, tokenizer files),
   ``size`` = image size in pixels, ``768`` or ``WxH`` (default 768). Prompts are text.
-* ``janus-pro``: ``weights`` = a transformers-format Janus(-Pro) folder (``deepseek-community/Janus-Pro-7B``).
+* ``janus-pro``: ``weights`` = a Janus(-Pro) folder: deepseek-ai's original release (``deepseek-ai/Janus-Pro-7B``,
+  config.json model_type "multi_modality", read by :func:`csd_kernels.models.load_janus_pro`) or the
+  transformers-format conversion (``deepseek-community/Janus-Pro-7B``); the format is read from config.json.
   Prompts are text, in deepseek-ai/Janus' SFT format (:func:`csd_kernels.models.janus_prompt`).
 
 ``device`` defaults to the GPU when one is visible; ``dtype`` to bfloat16 on a GPU and float32 on the CPU.
@@ -167,15 +169,18 @@ def lumina_mgpt(device=None, *, weights=None, size=None, dtype=None, **options) 
 
 
 def janus_pro(device=None, *, weights=None, dtype=None, **options) -> ZooModel:
-    from transformers import AutoTokenizer, JanusForConditionalGeneration
+    from transformers import AutoTokenizer
 
     from ..models import JANUS_DEFAULTS, JanusAdapter, janus_prompt
+    from ..models.janus_checkpoint import is_janus_original, load_janus_pro
 
     _unused("janus-pro", **options)
     _require(weights, "--weights", "Janus-Pro checkpoint folder")
     device, torch_dtype = _placement(device, dtype)
-    model = _loading("--weights", weights, "Janus-Pro checkpoint folder", lambda: JanusForConditionalGeneration.
-                     from_pretrained(weights, **_dtype_kwarg(torch_dtype)).to(device).eval())
+    original = _loading("--weights", weights, "Janus-Pro checkpoint folder", lambda: is_janus_original(weights))
+    load = (lambda: load_janus_pro(weights, dtype=torch_dtype, device=device)) if original else \
+        (lambda: _janus_transformers(weights, torch_dtype, device))
+    model = _loading("--weights", weights, "Janus-Pro checkpoint folder", load)
     tokenizer = _loading("--weights", weights, "Janus-Pro folder (tokenizer files)",
                          lambda: AutoTokenizer.from_pretrained(weights))
     adapter = JanusAdapter(model)
@@ -184,3 +189,16 @@ def janus_pro(device=None, *, weights=None, dtype=None, **options) -> ZooModel:
         return {k: v.to(device) for k, v in janus_prompt(tokenizer, [str(p) for p in prompts]).items()}
 
     return ZooModel("janus-pro", adapter, parse, defaults=dict(JANUS_DEFAULTS), prompt_help="a text prompt")
+
+
+def _janus_transformers(weights: str, dtype: torch.dtype, device: torch.device):
+    """A transformers-format Janus folder; refused when any weight would be left randomly initialised."""
+    from transformers import JanusForConditionalGeneration
+
+    model, info = JanusForConditionalGeneration.from_pretrained(weights, output_loading_info=True,
+                                                                **_dtype_kwarg(dtype))
+    if info.get("missing_keys"):
+        missing = sorted(info["missing_keys"])
+        raise ValueError(f"not a complete Janus checkpoint: missing tensors {missing[:12]}"
+                         + (f" and {len(missing) - 12} more" if len(missing) > 12 else ""))
+    return model.to(device).eval()
