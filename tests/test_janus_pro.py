@@ -255,6 +255,8 @@ def test_cli_runs_the_original_layout_without_a_default_size_model(tmp_path, mon
 
     def recording_init(self, config, *args, **kwargs):
         built.append(config.text_config.hidden_size)
+        if config.text_config.hidden_size != tiny.HIDDEN:  # fail here rather than be killed for memory
+            raise AssertionError(f"a Janus of hidden size {config.text_config.hidden_size} was built")
         init(self, config, *args, **kwargs)
 
     monkeypatch.setattr(JanusForConditionalGeneration, "__init__", recording_init)
