@@ -4,6 +4,7 @@
     csd generate --model llamagen --weights c2i_B_256.pt --config GPT-B --vq vq_ds16_c2i.pt --prompt 207
     csd generate --model lumina-mgpt --weights DIR --prompt "a red fox in the snow"
     csd generate --model janus-pro --weights DIR --prompt "a red fox in the snow"
+    csd generate --model emu3 --weights DIR --prompt "a red fox in the snow"
     csd compare  --model digits --prompt 7 --num 64
     csd bench
     csd run      --model digits --prompts prompts.txt --modes ar,sjd,csd --out DIR   (also under torchrun)
@@ -303,13 +304,14 @@ def cmd_run(args) -> Optional[dict]:
 def add_model_options(parser: argparse.ArgumentParser, device: bool = True) -> None:
     """--model and the local checkpoint it runs (see csd_kernels.zoo.checkpoints)."""
     parser.add_argument("--model", default="digits", help=f"one of {', '.join(zoo.MODEL_NAMES)} (default: digits)")
-    parser.add_argument("--weights", help="llamagen: the GPT .pt; lumina-mgpt / janus-pro: the checkpoint folder")
+    parser.add_argument("--weights", help="llamagen: the GPT .pt; lumina-mgpt, janus-pro, emu3: the folder")
     parser.add_argument("--config", help="llamagen: the upstream model name (GPT-B, GPT-L, GPT-XL, ...) or a JSON file "
                                          "of its ModelArgs fields")
     parser.add_argument("--vq", help="llamagen: the VQ checkpoint (vq_ds16_c2i.pt), for pixels")
     parser.add_argument("--image-size", dest="image_size", type=int,
                         help="llamagen: the checkpoint's resolution (default: read from a _256/_384 in its name)")
-    parser.add_argument("--size", help="lumina-mgpt: image size in pixels, 768 or WIDTHxHEIGHT (default 768)")
+    parser.add_argument("--size", help="lumina-mgpt: image size in pixels, 768 or WIDTHxHEIGHT (default 768); "
+                                       "emu3: the same, multiples of 8 (default 720)")
     parser.add_argument("--dtype", help="bfloat16 / float16 / float32 (default: bfloat16 on a GPU, float32 on a CPU)")
     if device:
         parser.add_argument("--device", help="cuda, cuda:1, cpu (default: the GPU when one is visible)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .emu3 import EMU3_DEFAULTS, Emu3Adapter, emu3_grid, emu3_prompt, load_emu3
 from .image_gpt import ImageGPT
 from .janus import JANUS_DEFAULTS, JanusAdapter, janus_prompt
 from .janus_checkpoint import load_janus_pro
@@ -10,9 +11,10 @@ from .llamagen.gpt import Transformer as _LlamaGenTransformer
 from .lumina import LUMINA_DEFAULTS, LuminaMGPT, load_lumina_mgpt, lumina_grid, lumina_prompt
 from .protocol import ImageAdapter, is_adapter
 
-__all__ = ["ImageAdapter", "ImageGPT", "JANUS_DEFAULTS", "JanusAdapter", "LUMINA_DEFAULTS", "LlamaGenAdapter",
-           "LuminaMGPT", "get_adapter", "is_adapter", "janus_prompt", "load_janus_pro", "load_llamagen",
-           "load_lumina_mgpt", "lumina_grid", "lumina_prompt"]
+__all__ = ["EMU3_DEFAULTS", "Emu3Adapter", "ImageAdapter", "ImageGPT", "JANUS_DEFAULTS", "JanusAdapter",
+           "LUMINA_DEFAULTS", "LlamaGenAdapter", "LuminaMGPT", "emu3_grid", "emu3_prompt", "get_adapter", "is_adapter",
+           "janus_prompt", "load_emu3", "load_janus_pro", "load_llamagen", "load_lumina_mgpt", "lumina_grid",
+           "lumina_prompt"]
 
 
 def get_adapter(model):
@@ -22,6 +24,9 @@ def get_adapter(model):
     name = type(model).__name__
     if name == "JanusForConditionalGeneration":
         return JanusAdapter(model)
+    if name == "Emu3ForConditionalGeneration":
+        raise ValueError("an Emu3ForConditionalGeneration needs its image grid: wrap it in "
+                         "csd_kernels.models.Emu3Adapter(model, grid, negative_prompt_ids=...) or use load_emu3(path)")
     if name == "ChameleonForConditionalGeneration":
         return LuminaMGPT(model)
     if isinstance(model, _LlamaGenTransformer):

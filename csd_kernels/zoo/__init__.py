@@ -106,10 +106,10 @@ def _loaders() -> dict:
     from . import checkpoints
 
     return {"digits": _digits, "llamagen": checkpoints.llamagen, "lumina-mgpt": checkpoints.lumina_mgpt,
-            "janus-pro": checkpoints.janus_pro}
+            "janus-pro": checkpoints.janus_pro, "emu3": checkpoints.emu3}
 
 
-MODEL_NAMES = ("digits", "llamagen", "lumina-mgpt", "janus-pro")
+MODEL_NAMES = ("digits", "llamagen", "lumina-mgpt", "janus-pro", "emu3")
 
 
 @functools.lru_cache(maxsize=None)

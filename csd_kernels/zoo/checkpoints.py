@@ -12,6 +12,10 @@
   transformers-format conversion (``deepseek-community/Janus-Pro-7B``); the format is read from config.json.
   Prompts are text, in deepseek-ai/Janus' SFT format (:func:`csd_kernels.models.janus_prompt`).
 
+* ``emu3``: ``weights`` = a transformers-format Emu3 folder (``BAAI/Emu3-Gen-hf``: config.json, safetensors,
+  tokenizer files), ``size`` = image size in pixels, ``720`` or ``WxH`` (multiples of 8; default 720). Prompts are
+  text; BAAI's positive suffix is appended and its negative prompt drives CFG (:mod:`csd_kernels.models.emu3`).
+
 ``device`` defaults to the GPU when one is visible; ``dtype`` to bfloat16 on a GPU and float32 on the CPU.
 """
 
@@ -26,7 +30,7 @@ import torch
 
 from . import ZooModel
 
-__all__ = ["llamagen", "lumina_mgpt", "janus_pro"]
+__all__ = ["llamagen", "lumina_mgpt", "janus_pro", "emu3"]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
            "float32": torch.float32, "fp32": torch.float32}
@@ -202,3 +206,26 @@ def _janus_transformers(weights: str, dtype: torch.dtype, device: torch.device):
         raise ValueError(f"not a complete Janus checkpoint: missing tensors {missing[:12]}"
                          + (f" and {len(missing) - 12} more" if len(missing) > 12 else ""))
     return model.to(device).eval()
+
+
+def emu3(device=None, *, weights=None, size=None, dtype=None, **options) -> ZooModel:
+    from transformers import AutoTokenizer
+
+    from ..models import emu3 as family
+
+    _unused("emu3", **options)
+    _require(weights, "--weights", "Emu3 checkpoint folder")
+    width, height = _lumina_size(family.DEFAULT_SIZE if size is None else size)
+    grid = _loading("--size", f"{width}x{height}", "Emu3 size", lambda: family.emu3_grid(width, height))
+    device, torch_dtype = _placement(device, dtype)
+    tokenizer = _loading("--weights", weights, "folder with Emu3's tokenizer files",
+                         lambda: AutoTokenizer.from_pretrained(weights))
+    negative = tokenizer(family.EMU3_NEGATIVE_PROMPT)["input_ids"]
+    adapter = _loading("--weights", weights, "Emu3 checkpoint folder", lambda: family.load_emu3(
+        weights, grid=grid, negative_prompt_ids=negative, dtype=torch_dtype, device=device))
+
+    def parse(prompts: list[str]) -> dict:
+        inputs = family.emu3_prompt(tokenizer, [str(p) + family.EMU3_POSITIVE_SUFFIX for p in prompts], grid)
+        return {k: v.to(device) for k, v in inputs.items()}
+
+    return ZooModel("emu3", adapter, parse, defaults=dict(adapter.defaults), prompt_help="a text prompt")
