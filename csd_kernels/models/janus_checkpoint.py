@@ -45,7 +45,7 @@ import torch
 
 from .lumina_checkpoint import _GENERIC_FIELDS
 
-__all__ = ["is_janus_original", "janus_original_config", "load_janus_pro"]
+__all__ = ["is_janus_original", "janus_original_config", "janus_tokenizer", "load_janus_pro"]
 
 log = logging.getLogger(__name__)
 
@@ -320,14 +320,22 @@ def _default_dtype(raw: dict, stored: dict) -> torch.dtype:
     return floating[0] if floating else torch.float32
 
 
+def janus_tokenizer(path: Union[str, os.PathLike]):
+    """The tokenizer of a Janus folder (either format). deepseek's config.json is no transformers config: it is kept
+    away from AutoTokenizer, which would otherwise read it and warn about a model of type multi_modality."""
+    from transformers import AutoTokenizer, PretrainedConfig
+
+    if is_janus_original(path):
+        return AutoTokenizer.from_pretrained(str(path), config=PretrainedConfig())
+    return AutoTokenizer.from_pretrained(str(path))
+
+
 def _token_ids(path: Path) -> dict:
     """BOS, pad, begin-of-image and image-placeholder ids from the folder's tokenizer and processor_config.json, as
     deepseek's VLChatProcessor reads them (tags looked up in the vocabulary); {} without tokenizer files."""
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
         return {}
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = janus_tokenizer(path)
     processor = _read_json(path / "processor_config.json") if (path / "processor_config.json").is_file() else {}
     vocab = tokenizer.get_vocab()
     pad = vocab.get(processor.get("pad_tag", "<｜▁pad▁｜>"), tokenizer.pad_token_id)

@@ -173,10 +173,8 @@ def lumina_mgpt(device=None, *, weights=None, size=None, dtype=None, **options) 
 
 
 def janus_pro(device=None, *, weights=None, dtype=None, **options) -> ZooModel:
-    from transformers import AutoTokenizer
-
     from ..models import JANUS_DEFAULTS, JanusAdapter, janus_prompt
-    from ..models.janus_checkpoint import is_janus_original, load_janus_pro
+    from ..models.janus_checkpoint import is_janus_original, janus_tokenizer, load_janus_pro
 
     _unused("janus-pro", **options)
     _require(weights, "--weights", "Janus-Pro checkpoint folder")
@@ -186,7 +184,7 @@ def janus_pro(device=None, *, weights=None, dtype=None, **options) -> ZooModel:
         (lambda: _janus_transformers(weights, torch_dtype, device))
     model = _loading("--weights", weights, "Janus-Pro checkpoint folder", load)
     tokenizer = _loading("--weights", weights, "Janus-Pro folder (tokenizer files)",
-                         lambda: AutoTokenizer.from_pretrained(weights))
+                         lambda: janus_tokenizer(weights))
     adapter = JanusAdapter(model)
 
     def parse(prompts: list[str]) -> dict:
