@@ -163,6 +163,20 @@ def test_every_parameter_comes_from_the_checkpoint(models):
     assert loaded == sum(t.numel() for t in weights.values()) - ignored  # every other stored number, once
 
 
+def test_dtype_defaults_to_the_config_and_is_one_for_the_whole_model(tmp_path):
+    """The releases say torch_dtype bfloat16: every parameter in it, RoPE frequencies kept in float32."""
+    config = dict(GOLDEN["layouts"]["safetensors"]["config"], torch_dtype="bfloat16")
+    config.pop("dtype", None)
+    model = load_janus_pro(_write(tmp_path / "bf16", "safetensors", config))
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.model.language_model.rotary_emb.inv_freq.dtype == torch.float32
+    adapter = _adapter(model)
+    golden = GOLDEN["generate"][0]
+    adapter.prefill(torch.tensor([tiny.PROMPTS[0]]), None, cfg=True)
+    cond, _ = adapter.forward(torch.cat([torch.zeros_like(golden["tokens"][:, :1]), golden["tokens"][:, :-1]], 1), -1)
+    torch.testing.assert_close(cond[0].float(), golden["logits"][:, 0], atol=0.25, rtol=0)  # bf16; |logits| <= 8
+
+
 def test_missing_language_fields_take_llama_defaults():
     """deepseek builds LlamaConfig(**language_config): a field the release leaves out is transformers 4.x's default."""
     fx = GOLDEN["layouts"]["safetensors"]
