@@ -278,7 +278,7 @@ def _ignored_reason(name: str) -> Optional[str]:
 
 def _convert(stored: dict, expected: dict, where: Path) -> dict:
     """target name -> tensor for every expected tensor; one ValueError listing every problem."""
-    state, unknown, bad_shape, ignored = {}, [], [], {}
+    state, unknown, bad_shape, ignored, misfit = {}, [], [], {}, set()
     for name in sorted(stored):
         tensor = stored[name]
         reason = _ignored_reason(name)
@@ -292,10 +292,10 @@ def _convert(stored: dict, expected: dict, where: Path) -> dict:
         wrong = [f"{t} {list(expected[t])}" for t, part in targets if tuple(part.shape) != expected[t]]
         if wrong:
             bad_shape.append(f"{name} {list(tensor.shape)} (expected {', '.join(wrong)})")
+            misfit.update(t for t, _ in targets)  # reported here, not again as missing
             continue
         state.update(targets)
-    missing = [f"{n} {list(expected[n])}" for n in sorted(expected) if n not in state and not any(
-        n in b for b in bad_shape)]
+    missing = [f"{n} {list(expected[n])}" for n in sorted(expected) if n not in state and n not in misfit]
     problems = [(kind, items) for kind, items in (("missing tensors", missing), ("unknown tensors", unknown),
                                                   ("shapes no rule converts", bad_shape)) if items]
     if problems:
