@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import csd_kernels as ck
-from csd_kernels import cli, zoo
+from csd_kernels import bench, cli, zoo
 from csd_kernels.validation import ArgumentError
 
 # flags that can only be judged with the model (its prompts, its files); every other flag is checked before loading
@@ -142,13 +142,15 @@ def _ids(case) -> str:
 @pytest.mark.parametrize("command, argv, flag", CASES, ids=[_ids(c) for c in CASES])
 def test_bad_command_line_is_one_line_exit_2_and_writes_nothing(command, argv, flag, inputs, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # default outputs (out/, benchmarks/) would land here
-    loads, real_load = [], zoo.load
+    real_load = zoo.load
 
-    def recording_load(*args, **kwargs):
-        loads.append(args)
+    def guarded_load(*args, **kwargs):  # a setting flag must be refused before any model is loaded
+        if flag not in MODEL_FLAGS:
+            pytest.fail(f"{flag}: a model was loaded before the flag was checked")
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(zoo, "load", recording_load)
+    monkeypatch.setattr(zoo, "load", guarded_load)
+    monkeypatch.setattr(bench, "run", lambda *args, **kwargs: pytest.fail("the benchmark ran before the check"))
     out = tmp_path / "out" / ("frontier" if command == "sweep" else "")
     argv = [a.format(inputs=inputs) for a in argv]
     if "--out" not in argv:
@@ -161,7 +163,6 @@ def test_bad_command_line_is_one_line_exit_2_and_writes_nothing(command, argv, f
     assert "Traceback" not in err
     assert os.listdir(tmp_path) == [], os.listdir(tmp_path)  # no folder, no run.json, no log
     assert seconds < SECONDS, seconds
-    assert flag in MODEL_FLAGS or not loads, loads  # refused before any model was loaded
 
 
 def test_cases_cover_every_subcommand_and_the_checked_generate_flags():
