@@ -333,6 +333,9 @@ def cmd_sweep(args) -> dict:
         for coupling in couplings:
             check("coupling", coupling)
     check("per_class", args.per_class)
+    if args.per_class > zoo.digits_heldout_per_class():  # the held-out ceiling is measured on as many images
+        raise UsageError(f"--per-class {args.per_class}: expected an int in [1, {zoo.digits_heldout_per_class()}] "
+                         "(held-out digits of the rarest class)")
     check("seeds", args.seeds)
     check("workers", args.workers)
     grid = frontier.settings(_floats(args.lambdas, "--lambdas", "entropy_coef"),

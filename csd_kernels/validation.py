@@ -44,9 +44,9 @@ class ArgumentError(ValueError):
 
 @dataclass(frozen=True)
 class Rule:
-    """An int, a finite real number or one of ``choices``; bounds inclusive unless ``open_low``/``open_high``."""
+    """An int, a finite number, a bool or one of ``choices``; bounds inclusive unless ``open_low``/``open_high``."""
 
-    kind: str  # "int", "real" or "choice"
+    kind: str  # "int", "real", "bool" or "choice"
     low: float = -math.inf
     high: float = math.inf
     open_low: bool = False
@@ -58,6 +58,8 @@ class Rule:
     def expected(self) -> str:
         if self.kind == "choice":
             text = f"one of {', '.join(map(str, self.choices))}"
+        elif self.kind == "bool":
+            text = "True or False"
         else:
             text = "an int" if self.kind == "int" else "a finite number"
             low, high = (f"{b:g}" if isinstance(b, float) else str(b) for b in (self.low, self.high))
@@ -75,6 +77,10 @@ class Rule:
             return None
         if self.kind == "choice":
             if isinstance(value, str) and value in self.choices:
+                return value
+            raise ArgumentError(name, value, self.expected)
+        if self.kind == "bool":
+            if isinstance(value, bool):
                 return value
             raise ArgumentError(name, value, self.expected)
         integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
@@ -95,6 +101,10 @@ def _int(low=-math.inf, high=math.inf, optional=False) -> Rule:
 
 def _real(low=-math.inf, high=math.inf, open_low=False, open_high=False, optional=False) -> Rule:
     return Rule("real", low, high, open_low, open_high, optional=optional)
+
+
+def _bool(optional=False) -> Rule:
+    return Rule("bool", optional=optional)
 
 
 def _choice(choices, optional=False) -> Rule:

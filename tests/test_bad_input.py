@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 import csd_kernels as ck
-from csd_kernels import bench, cli, zoo
+from csd_kernels import bench, cli, validation, zoo
 from csd_kernels.validation import ArgumentError
 
 # flags that can only be judged with the model (its prompts, its files); every other flag is checked before loading
@@ -109,6 +110,7 @@ CASES = _no_gpu([
     ("sweep", ["sweep", "--couplings", "independent,foo"], "--couplings"),
     ("sweep", ["sweep", "--seeds", "0"], "--seeds"),
     ("sweep", ["sweep", "--per-class", "0"], "--per-class"),
+    ("sweep", ["sweep", "--per-class", "100"], "--per-class"),  # more than the held-out digits of a class
     ("sweep", ["sweep", "--workers", "0"], "--workers"),
     ("sweep", ["sweep", "--model", "llamagen"], "--model"),
     # bench (before the benchmark runs)
@@ -136,7 +138,7 @@ CASES = _no_gpu([
 
 def _ids(case) -> str:
     values = case.values if hasattr(case, "values") else case
-    return " ".join(values[1][1:] if values[0] != "sweep" else values[1]).replace("{inputs}/", "")
+    return " ".join(a for a in values[1] if a not in ("--quiet", "--prompt", "3")).replace("{inputs}/", "")
 
 
 @pytest.mark.parametrize("command, argv, flag", CASES, ids=[_ids(c) for c in CASES])
@@ -171,6 +173,25 @@ def test_cases_cover_every_subcommand_and_the_checked_generate_flags():
     flags = {(c.values if hasattr(c, "values") else c)[2] for c in CASES}
     for name in cli._GENERATE_OPTIONS + ("num", "seed", "seeds", "batch_size", "num_threads", "image_size"):
         assert "--" + name.replace("_", "-") in flags, name
+
+
+@pytest.mark.parametrize("rule, good, bad, expected", [
+    (validation._int(1), [1, 7, np.int64(3)], [0, 2.0, True, "1", None], "an int >= 1"),
+    (validation._int(1, 4, optional=True), [None, 1, 4], [0, 5], "None or an int in [1, 4]"),
+    (validation._real(0, 1), [0, 0.5, 1], [-0.1, 1.1, float("nan"), float("inf"), False], "a finite number in [0, 1]"),
+    (validation._real(0, 1, open_low=True), [1e-9, 1], [0, 1.5], "a finite number in (0, 1]"),  # a top_p
+    (validation._real(0, 1, open_high=True), [0, 0.99], [1, -1], "a finite number in [0, 1)"),  # a min_p
+    (validation._real(), [-3.5, 0, 7], [float("nan"), float("-inf"), "1"], "a finite number"),
+    (validation._bool(), [True, False], [1, 0, "yes", None], "True or False"),  # a static
+    (validation._choice(("a", "b")), ["a", "b"], ["c", None, 1], "one of a, b"),
+])
+def test_rules_say_what_they_accept(rule, good, bad, expected):
+    assert rule.expected == expected
+    for value in good:
+        assert rule.check("x", value) == value
+    for value in bad:
+        with pytest.raises(ArgumentError, match=r"^x=.*: expected " + re.escape(expected)):
+            rule.check("x", value)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
