@@ -394,7 +394,7 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
     """The generate() settings every command takes; unset ones fall back to the model's defaults."""
     model = lambda name: f"the model's, else {_GENERATE_DEFAULTS[name]}"  # noqa: E731
     parser.add_argument("--window", type=int, help=_help("window", "Jacobi window: tokens drafted per pass",
-                                                         _GENERATE_DEFAULTS["window"]))
+                                                         model("window")))
     parser.add_argument("--cfg-scale", dest="cfg_scale", type=float,
                         help=_help("cfg_scale", "classifier-free guidance scale (1: no guidance)", model("cfg_scale")))
     parser.add_argument("--temperature", type=float, help=_help("temperature", "sampling temperature (0: greedy)",
