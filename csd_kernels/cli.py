@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -22,10 +23,20 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import zoo
-from .decoding import COUPLINGS, DRAFT_INITS, MODES, generate
+from . import __version__, zoo
+from .decoding import COUPLINGS, DEFAULT_COUPLING, DRAFT_INITS, MODES, generate
+from .dispatch import BACKENDS, select_backend
 from .frontier import summarise
-from .usage import UsageError, writable_dir
+from .usage import (
+    UsageError,
+    as_flags,
+    check_out,
+    claim_generate_dir,
+    clear_generate_files,
+    flag_error,
+    writable_dir,
+)
+from .validation import RULES, ArgumentError, check, check_backend, check_device, check_generate, row_seeds
 
 # The rows of `csd compare`: (label, mode, coupling).
 COMPARE_RUNS = [
@@ -43,6 +54,8 @@ _MODEL_OPTIONS = ("weights", "config", "vq", "image_size", "size", "dtype")  # z
 # generate() keywords taken from the command line; unset ones fall back to the model's defaults
 _GENERATE_OPTIONS = ("window", "cfg_scale", "temperature", "top_k", "entropy_coef", "tvd_threshold", "draft_init",
                      "backend")
+# generate() keywords that are no setting of a run (the inputs, and what does not change the images)
+_NOT_SETTINGS = ("prompt_embeds", "attention_mask", "mode", "seed", "progress", "sync_timings")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -58,6 +71,33 @@ def _load(args):
         return zoo.load(args.model, device=getattr(args, "device", None), **model_options(args))
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from exc
+
+
+def _device(args) -> torch.device:
+    """--device checked (default: the GPU when one is visible)."""
+    device = getattr(args, "device", None)
+    return check_device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _check_flags(args) -> None:
+    """The flags of a sampling command, checked by the API's own rules before any model is loaded or file written."""
+    given = {name: getattr(args, name, None) for name in _GENERATE_OPTIONS}
+    backend = given.pop("backend")
+    check_generate(getattr(args, "mode", "csd"), getattr(args, "coupling", None),
+                   **{name: value for name, value in given.items() if value is not None})
+    check("num", args.num)
+    check("image_size", args.image_size)
+    check_backend(backend, _device(args))
+
+
+def _settings_used(kwargs: dict, mode: str, coupling, device) -> dict:
+    """Every generate() setting of a run, defaults filled in: generate()'s < the model's < the flags."""
+    params = inspect.signature(generate).parameters
+    settings = {name: p.default for name, p in params.items() if p.kind is p.KEYWORD_ONLY and name not in _NOT_SETTINGS}
+    settings.update(kwargs)
+    settings["coupling"] = check_generate(mode, coupling) or DEFAULT_COUPLING
+    settings["backend"] = settings["backend"] or select_backend(None, torch.device(device))
+    return settings
 
 
 def _prompt_inputs(entry, prompt: str, num: int) -> dict:
@@ -122,7 +162,9 @@ def _save_maps(out, path: str, columns: int) -> None:
 # commands
 # ----------------------------------------------------------------------------------------------------------------------
 def cmd_generate(args) -> dict:
-    out_dir = writable_dir(args.out)
+    _check_flags(args)
+    row_seeds(check("seed", args.seed), args.num)
+    claim_generate_dir(args.out)
     entry = _load(args)
     inputs = _prompt_inputs(entry, args.prompt, args.num)
     kwargs = _generate_kwargs(args, entry)
@@ -130,14 +172,20 @@ def cmd_generate(args) -> dict:
     out = generate(entry.model, **inputs, mode=args.mode, coupling=args.coupling, seed=args.seed,
                    progress=not args.quiet, **kwargs)
     wall = time.perf_counter() - begin
+    out_dir = writable_dir(args.out)
+    removed = clear_generate_files(out_dir)  # only now: a failed run leaves the earlier one as it was
+    if removed:
+        print(f"replaced the {len(removed)} files of an earlier csd generate run in {out_dir}")
     columns = int(np.ceil(np.sqrt(args.num)))
     _write_images(out, out_dir, columns)
     _save_maps(out, os.path.join(out_dir, "maps.png"), columns)
     per_row = out.passes_per_row()
     tokens = out.tokens.shape[1]
     stats = {
-        "model": args.model, "prompt": args.prompt, "mode": args.mode, "num": args.num, "seed": args.seed,
-        "parameters": dict(kwargs, coupling=args.coupling),
+        "command": "csd generate", "version": __version__,
+        "model": args.model, "model_options": zoo.describe_options(model_options(args)), "prompt": args.prompt,
+        "mode": args.mode, "num": args.num, "seed": args.seed,
+        "parameters": _settings_used(kwargs, args.mode, args.coupling, out.tokens.device),
         "forward_passes": out.forward_passes,
         "prefill_passes": out.prefill_passes,
         "forward_passes_per_image": float(per_row.mean()),
@@ -218,7 +266,9 @@ def format_compare(results: dict) -> str:
 
 
 def cmd_compare(args) -> dict:
-    out_dir = writable_dir(args.out)
+    _check_flags(args)
+    check("seeds", args.seeds)
+    check_out(args.out)
     entry = _load(args)
     _prompt_inputs(entry, args.prompt, 1)  # a bad prompt fails before any work
     seeds = list(range(args.seeds))
@@ -228,6 +278,7 @@ def cmd_compare(args) -> dict:
     print(table)
     samples = report.pop("samples")
     shown = min(args.num, 8)
+    out_dir = writable_dir(args.out)
     if all(images is not None for images in samples.values()):
         rows = np.concatenate([images[:shown] for images in samples.values()])
         _save_png(_tile(rows, shown), os.path.join(out_dir, "compare.png"), scale=4)
@@ -244,13 +295,15 @@ def cmd_bench(args) -> list:
 
     from . import bench
 
-    out_dir = writable_dir(args.out)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no GPU is visible to torch")
+    device = _device(args)
+    for backend in args.backends or []:
+        check_backend(backend, device, name="backends")
+    check_out(args.out)
     if importlib.util.find_spec("pytest_benchmark") is None:
         raise UsageError("csd bench runs pytest-benchmark: pip install 'csd-kernels[test]'")
-    name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    rows = bench.run(device=args.device, backends=args.backends, quick=args.quick,
+    out_dir = writable_dir(args.out)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    rows = bench.run(device=str(device), backends=args.backends, quick=args.quick,
                      json_path=os.path.join(out_dir, "benchmark.json"))
     print(bench.format_table(rows))
     for path in bench.save(rows, out_dir, name).values():
@@ -258,11 +311,14 @@ def cmd_bench(args) -> list:
     return rows
 
 
-def _floats(text: str, flag: str) -> tuple:
+def _floats(text: str, flag: str, setting: str) -> tuple:
+    """Comma-separated values of generate()'s ``setting``, each checked by its rule (errors name ``flag``)."""
     try:
-        return tuple(float(v) for v in text.split(","))
+        values = tuple(float(v) for v in text.split(","))
     except ValueError:
         raise UsageError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+    with as_flags(**{setting: flag}):
+        return tuple(check(setting, value) for value in values)
 
 
 def cmd_sweep(args) -> dict:
@@ -274,12 +330,18 @@ def cmd_sweep(args) -> dict:
     if args.model != "digits":
         raise UsageError(f"--model {args.model}: csd sweep needs a quality measure; only digits has one")
     couplings = tuple(args.couplings.split(","))
-    bad = [c for c in couplings if c not in COUPLINGS]
-    if bad or args.per_class < 1 or args.seeds < 1 or args.workers < 1:
-        raise UsageError(f"--couplings: unknown coupling {bad[0]!r}; choose from {', '.join(COUPLINGS)}" if bad else
-                         "--per-class, --seeds and --workers must be >= 1")
-    writable_dir(os.path.dirname(args.out) or ".")
-    grid = frontier.settings(_floats(args.lambdas, "--lambdas"), _floats(args.taus, "--taus"), couplings)
+    with as_flags(coupling="--couplings"):
+        for coupling in couplings:
+            check("coupling", coupling)
+    check("per_class", args.per_class)
+    if args.per_class > zoo.digits_heldout_per_class():  # the held-out ceiling is measured on as many images
+        raise UsageError(f"--per-class {args.per_class}: expected an int in [1, {zoo.digits_heldout_per_class()}] "
+                         "(held-out digits of the rarest class)")
+    check("seeds", args.seeds)
+    check("workers", args.workers)
+    grid = frontier.settings(_floats(args.lambdas, "--lambdas", "entropy_coef"),
+                             _floats(args.taus, "--taus", "tvd_threshold"), couplings)
+    check_out(os.path.dirname(args.out) or ".")
     result = frontier.sweep(args.model, per_class=args.per_class, seeds=tuple(range(args.seeds)),
                             workers=args.workers, grid=grid)
     print(frontier.format_table(result))
@@ -292,6 +354,8 @@ def cmd_sweep(args) -> dict:
 def cmd_run(args) -> Optional[dict]:
     from .runner import run
 
+    check("image_size", args.image_size)
+
     generate_kwargs = {name: getattr(args, name, None) for name in _GENERATE_OPTIONS}
     return run(args.model, args.prompts, args.modes, args.out, seed=args.seed, batch_size=args.batch_size,
                coupling=args.coupling, generate_kwargs=generate_kwargs, quiet=args.quiet,
@@ -301,78 +365,115 @@ def cmd_run(args) -> Optional[dict]:
 # ----------------------------------------------------------------------------------------------------------------------
 # argument parsing
 # ----------------------------------------------------------------------------------------------------------------------
+def _help(name: str, text: str, default) -> str:
+    """Help of a checked flag: what it is, the accepted values (validation.RULES) and the default."""
+    return f"{text}; {RULES[name].expected.removeprefix('None or ')} (default: {default})".replace("%", "%%")
+
+
 def add_model_options(parser: argparse.ArgumentParser, device: bool = True) -> None:
     """--model and the local checkpoint it runs (see csd_kernels.zoo.checkpoints)."""
     parser.add_argument("--model", default="digits", help=f"one of {', '.join(zoo.MODEL_NAMES)} (default: digits)")
-    parser.add_argument("--weights", help="llamagen: the GPT .pt; lumina-mgpt, janus-pro, emu3: the folder")
+    parser.add_argument("--weights", help="llamagen: the GPT .pt; lumina-mgpt, janus-pro, emu3: the checkpoint folder "
+                                          "(default: none; digits ships its weights)")
     parser.add_argument("--config", help="llamagen: the upstream model name (GPT-B, GPT-L, GPT-XL, ...) or a JSON file "
-                                         "of its ModelArgs fields")
-    parser.add_argument("--vq", help="llamagen: the VQ checkpoint (vq_ds16_c2i.pt), for pixels")
+                                         "of its ModelArgs fields (default: none)")
+    parser.add_argument("--vq", help="llamagen: the VQ checkpoint (vq_ds16_c2i.pt), for pixels (default: none, "
+                                     "tokens only)")
     parser.add_argument("--image-size", dest="image_size", type=int,
-                        help="llamagen: the checkpoint's resolution (default: read from a _256/_384 in its name)")
-    parser.add_argument("--size", help="lumina-mgpt: image size in pixels, 768 or WIDTHxHEIGHT (default 768); "
-                                       "emu3: the same, multiples of 8 (default 720)")
+                        help=_help("image_size", "llamagen: the checkpoint's resolution in pixels",
+                                   "read from a _256/_384 in its name"))
+    parser.add_argument("--size", help="lumina-mgpt: image size in pixels, 768 or WIDTHxHEIGHT (default: 768); "
+                                       "emu3: the same, multiples of 8 (default: 720)")
     parser.add_argument("--dtype", help="bfloat16 / float16 / float32 (default: bfloat16 on a GPU, float32 on a CPU)")
     if device:
-        parser.add_argument("--device", help="cuda, cuda:1, cpu (default: the GPU when one is visible)")
+        parser.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU when one is visible, else cpu)")
+
+
+_GENERATE_DEFAULTS = {name: p.default for name, p in inspect.signature(generate).parameters.items()}
 
 
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
     """The generate() settings every command takes; unset ones fall back to the model's defaults."""
-    parser.add_argument("--window", type=int, help="Jacobi window (default 16)")
-    parser.add_argument("--cfg-scale", dest="cfg_scale", type=float, help="classifier-free guidance scale")
-    parser.add_argument("--temperature", type=float)
-    parser.add_argument("--top-k", dest="top_k", type=int)
-    parser.add_argument("--entropy-coef", dest="entropy_coef", type=float, help="CSD λ (default 0.5)")
-    parser.add_argument("--tvd-threshold", dest="tvd_threshold", type=float, help="CSD τ (default 0.65)")
-    parser.add_argument("--draft-init", dest="draft_init", choices=DRAFT_INITS)
-    parser.add_argument("--backend", help="verify backend (default: the best available)")
+    model = lambda name: f"the model's, else {_GENERATE_DEFAULTS[name]}"  # noqa: E731
+    parser.add_argument("--window", type=int, help=_help("window", "Jacobi window: tokens drafted per pass",
+                                                         model("window")))
+    parser.add_argument("--cfg-scale", dest="cfg_scale", type=float,
+                        help=_help("cfg_scale", "classifier-free guidance scale (1: no guidance)", model("cfg_scale")))
+    parser.add_argument("--temperature", type=float, help=_help("temperature", "sampling temperature (0: greedy)",
+                                                                model("temperature")))
+    parser.add_argument("--top-k", dest="top_k", type=int,
+                        help=_help("top_k", "sample from the k most likely tokens", "the model's, else all"))
+    parser.add_argument("--entropy-coef", dest="entropy_coef", type=float,
+                        help=_help("entropy_coef", "CSD λ: acceptance bonus per nat of entropy", model("entropy_coef")))
+    parser.add_argument("--tvd-threshold", dest="tvd_threshold", type=float,
+                        help=_help("tvd_threshold", "CSD τ: the bonus applies where TVD(p, q) < τ",
+                                   model("tvd_threshold")))
+    parser.add_argument("--draft-init", dest="draft_init", choices=DRAFT_INITS,
+                        help=f"fresh drafts: uniform, or the token above (default: {_GENERATE_DEFAULTS['draft_init']})")
+    parser.add_argument("--backend", help=_help("backend", "verify backend; it must run on the device",
+                                                "the best available"))
 
 
-def _add_sampling(parser: argparse.ArgumentParser) -> None:
+def _add_sampling(parser: argparse.ArgumentParser, num: int) -> None:
     add_model_options(parser)
     parser.add_argument("--prompt", required=True, help="the prompt (digits, llamagen: a class id; others: text)")
-    parser.add_argument("--num", type=int, default=16, help="images per run (default 16)")
+    parser.add_argument("--num", type=int, default=num, help=_help("num", "images per run", num))
     add_generation_options(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar (default: shown)")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An unparsable command line is one line too (argparse would print the usage first), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="csd", description="Content-aware speculative decoding of AR image models.")
+    parser = _Parser(prog="csd", description="Content-aware speculative decoding of AR image models.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser("generate", help="generate images, write PNGs, maps and stats.json")
-    _add_sampling(gen)
-    gen.add_argument("--mode", default="csd", choices=MODES)
+    _add_sampling(gen, num=16)
+    gen.add_argument("--mode", default="csd", choices=MODES, help="decoding mode (default: csd)")
     gen.add_argument("--coupling", choices=sorted(COUPLINGS),
-                     help="next drafts of sjd/csd (default: the lossless-tested choice)")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--out", default="out")
+                     help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING}; other modes: independent)")
+    gen.add_argument("--seed", type=int, default=0, help=_help("seed", "seed of image 0 (image b: seed + b)", 0))
+    gen.add_argument("--out", default="out", help="output folder: csd generate replaces the images of its earlier "
+                                                  "runs there and refuses a folder with other files (default: out)")
     gen.set_defaults(handler=cmd_generate)
 
     cmp = commands.add_parser("compare", help="ar, sjd, gsd and csd on the same prompts and seeds: speed and quality")
-    _add_sampling(cmp)
-    cmp.add_argument("--seeds", type=int, default=3, help="repeats with different seeds, for the spread (default 3)")
-    cmp.add_argument("--out", default="out/compare")
-    cmp.set_defaults(handler=cmd_compare, num=64)
+    _add_sampling(cmp, num=64)
+    cmp.add_argument("--seeds", type=int, default=3, help=_help("seeds", "repeats with different seeds, for the "
+                                                                         "spread", 3))
+    cmp.add_argument("--out", default="out/compare", help="output folder (default: out/compare)")
+    cmp.set_defaults(handler=cmd_compare)
 
     bench = commands.add_parser("bench", help="microbenchmarks of the verify op on every available backend")
-    bench.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    bench.add_argument("--backends", nargs="*", help="default: every available backend (not Triton's interpreter)")
-    bench.add_argument("--quick", action="store_true", help="two shapes instead of six")
-    bench.add_argument("--out", default="benchmarks/results")
+    bench.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when a GPU is visible, else cpu)")
+    bench.add_argument("--backends", nargs="*", help=f"any of {', '.join(BACKENDS)} that run on the device "
+                                                     "(default: every available backend, not Triton's interpreter)")
+    bench.add_argument("--quick", action="store_true", help="two shapes instead of six (default: six)")
+    bench.add_argument("--out", default="benchmarks/results", help="output folder (default: benchmarks/results)")
     bench.set_defaults(handler=cmd_bench)
 
     sweep = commands.add_parser("sweep", help="the speed-quality frontier: every mode, csd over a grid of lambda x tau "
                                               "x coupling, mean and spread over seeds (JSON, CSV, plot)")
     sweep.add_argument("--model", default="digits", help="a zoo model with a quality measure (default: digits)")
-    sweep.add_argument("--per-class", dest="per_class", type=int, default=8, help="images per class per seed (8)")
-    sweep.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
-    sweep.add_argument("--lambdas", default="0,0.05,0.1,0.25,0.5,1", help="csd entropy_coef values")
-    sweep.add_argument("--taus", default="0.3,0.65,1", help="csd tvd_threshold values")
-    sweep.add_argument("--couplings", default="independent,maximal", help="csd couplings")
-    sweep.add_argument("--workers", type=int, default=2, help="processes, one torch thread each (default 2)")
-    sweep.add_argument("--out", default="out/sweep/frontier", help="path prefix of the .json, .csv and .png")
+    sweep.add_argument("--per-class", dest="per_class", type=int, default=8,
+                       help=_help("per_class", "images per class per seed", 8))
+    sweep.add_argument("--seeds", type=int, default=3, help=_help("seeds", "seeds 0..N-1", 3))
+    sweep.add_argument("--lambdas", default="0,0.05,0.1,0.25,0.5,1",
+                       help="csd entropy_coef values, each >= 0 (default: 0,0.05,0.1,0.25,0.5,1)")
+    sweep.add_argument("--taus", default="0.3,0.65,1", help="csd tvd_threshold values, each in [0, 1] "
+                                                           "(default: 0.3,0.65,1)")
+    sweep.add_argument("--couplings", default="independent,maximal",
+                       help=f"csd couplings, any of {', '.join(COUPLINGS)} (default: independent,maximal)")
+    sweep.add_argument("--workers", type=int, default=2, help=_help("workers", "processes, one torch thread each", 2))
+    sweep.add_argument("--out", default="out/sweep/frontier",
+                       help="path prefix of the .json, .csv and .png (default: out/sweep/frontier)")
     sweep.set_defaults(handler=cmd_sweep)
 
     run = commands.add_parser("run", help="sharded, resumable generation of a prompts file over modes "
@@ -385,17 +486,19 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, device=False)  # each rank runs on its own device
     parser.add_argument("--prompts", required=True, help="prompts file: one prompt per line (digits: a class id 0..9)")
-    parser.add_argument("--modes", default="ar,sjd,csd", help="comma-separated modes (default ar,sjd,csd)")
+    parser.add_argument("--modes", default="ar,sjd,csd", help=f"comma-separated modes, any of {', '.join(MODES)} "
+                                                              "(default: ar,sjd,csd)")
     parser.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
-    parser.add_argument("--seed", type=int, default=0, help="global seed (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help=_help("seed", "global seed", 0))
     parser.add_argument("--batch-size", dest="batch_size", type=int, default=16,
-                        help="images per generate() call on each rank (default 16; does not change the images)")
+                        help=_help("batch_size", "images per generate() call on each rank (does not change the "
+                                                 "images)", 16))
     parser.add_argument("--coupling", choices=sorted(COUPLINGS),
-                        help="next drafts of sjd/csd (default: the lossless-tested choice)")
+                        help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING})")
     add_generation_options(parser)
     parser.add_argument("--num-threads", dest="num_threads", type=int,
-                        help="torch threads per process (default: CPU cores / processes on this node)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or table")
+                        help=_help("num_threads", "torch threads per process", "CPU cores / processes on this node"))
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or table (default: shown)")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -403,7 +506,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.handler(args)
-    except UsageError as exc:
+    except (UsageError, ArgumentError) as exc:  # the API's ArgumentError names a keyword: say the flag
+        exc = flag_error(exc) if isinstance(exc, ArgumentError) else exc
         print(f"csd {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line
         return 2
     except ModuleNotFoundError as exc:

@@ -62,11 +62,11 @@ def test_small_sweep(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--couplings", "maximal,best"], "--couplings: unknown coupling 'best'"),
+    (["--couplings", "maximal,best"], "--couplings best: expected one of"),
     (["--lambdas", "0,half"], "--lambdas: expected comma-separated numbers"),
     (["--model", "llamagen"], "only digits has one"),
     (["--model", "nope"], "unknown model"),
-    (["--per-class", "0"], "must be >= 1"),
+    (["--per-class", "0"], "--per-class 0: expected an int in [1, "),
 ])
 def test_sweep_bad_input(argv, message, capsys, tmp_path):
     assert cli.main(["sweep", "--out", str(tmp_path / "f"), *argv]) == 2

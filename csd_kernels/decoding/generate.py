@@ -11,7 +11,6 @@ sync per iteration (accept_len). See the README, "The decoding loop", for the mo
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
@@ -21,15 +20,14 @@ import torch
 from .. import reference as ref
 from ..grouped import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
 from ..models import get_adapter
+from ..validation import DRAFT_INITS, MODES, check_backend, check_generate, check_prompt, check_prompt_ids, row_seeds
 from .state import RowState
 from .steps import VERIFY, Settings, commit, draft_probs, draft_window, forward
 
 __all__ = ["MODES", "COUPLINGS", "DEFAULT_COUPLING", "DRAFT_INITS", "GenerateOutput", "generate"]
 
-MODES = ("ar", "jd", "sjd", "gsd", "csd")
 COUPLINGS = ref.COUPLINGS  # how sjd / csd draw the next drafts; ar, jd and gsd draw them independently
 DEFAULT_COUPLING = "maximal"  # lossless-tested like the others, and the fewest passes (README, "The decoding loop")
-DRAFT_INITS = ("uniform", "above")
 DEFAULT_MAX_LEAD_FACTOR = 1  # max_lead=None means one window (the trade-off is measured in the README)
 
 
@@ -55,6 +53,14 @@ class GenerateOutput:
     def distortion_per_row(self) -> np.ndarray:
         """[B] mean distortion per token of each row (jd's unknown distortion, NaN in the map, counts as 0)."""
         return torch.nan_to_num(self.distortion_map, nan=0.0).float().mean((1, 2)).cpu().numpy()
+
+    def pil_images(self) -> list:
+        """The images as a list of B PIL images (needs Pillow); ValueError when the model has no pixel decoder."""
+        if self.images is None:
+            raise ValueError("this model has no pixel decoder (images is None); its image tokens are in .sequences")
+        from PIL import Image
+
+        return [Image.fromarray(image) for image in self.images.cpu().numpy()]
 
 
 @torch.no_grad()
@@ -93,15 +99,21 @@ def generate(
     attributed to verify, where the loop waits for accept_len). max_lead: rows more than max_lead committed tokens
     ahead of the slowest row pause (None = one window); the tokens do not depend on it, only the pass counts do.
     """
-    batch = _check_prompt(input_ids, prompt_embeds)
-    coupling = _check_args(mode, window, temperature, top_k, draft_init, coupling, max_lead)
+    batch = check_prompt(input_ids, prompt_embeds, attention_mask)
+    coupling = check_generate(mode, coupling, window=window, cfg_scale=cfg_scale, temperature=temperature,
+                              top_k=top_k, entropy_coef=entropy_coef, tvd_threshold=tvd_threshold,
+                              draft_init=draft_init, group_rank=group_rank, group_delta=group_delta, max_lead=max_lead)
+    coupling = coupling or DEFAULT_COUPLING
+    seeds = row_seeds(seed, batch)
     adapter = get_adapter(model)
     device = adapter.device
+    check_backend(backend, device)
+    check_prompt_ids(input_ids, getattr(adapter, "prompt_vocab_size", None))
     total = adapter.grid[0] * adapter.grid[1]
     window = 1 if mode == "ar" else min(window, total)
     run = Settings(mode, window, total, adapter.grid[1], adapter.vocab_size, cfg_scale, temperature, top_k,
                    entropy_coef, tvd_threshold, draft_init, coupling, backend, group_rank, group_delta,
-                   _row_seeds(seed, batch).to(device), temperature > 0 and mode in ("sjd", "csd", "gsd"))
+                   seeds.to(device), temperature > 0 and mode in ("sjd", "csd", "gsd"))
     lead = DEFAULT_MAX_LEAD_FACTOR * window if max_lead is None else max_lead
     clock = _Clock(device, sync_timings)
 
@@ -178,67 +190,9 @@ def _progress_bar(progress: bool, total: int, mode: str):
 # ----------------------------------------------------------------------------------------------------------------------
 # arguments
 # ----------------------------------------------------------------------------------------------------------------------
-def _row_seeds(seed, batch: int) -> torch.Tensor:
-    """int s -> [s, s+1, ..., s+B-1]; a sequence / tensor of B ints -> as given.  Returns [B] int64 (CPU)."""
-    if isinstance(seed, torch.Tensor) and seed.numel() == 1 and seed.ndim == 0:
-        seed = int(seed)
-    if isinstance(seed, int):
-        return torch.arange(batch, dtype=torch.int64) + seed
-    seeds = torch.as_tensor(list(seed) if not isinstance(seed, torch.Tensor) else seed, dtype=torch.int64).reshape(-1)
-    if seeds.numel() != batch:
-        raise ValueError(f"seed: expected an int or {batch} per-row seeds, got {seeds.numel()}")
-    return seeds
-
-
-def _check_prompt(input_ids, prompt_embeds) -> int:
-    """Exactly one of input_ids [B, S] (integer) / prompt_embeds [B, S, C] (floating); returns B."""
-    if (input_ids is None) == (prompt_embeds is None):
-        raise ValueError("pass exactly one of input_ids and prompt_embeds")
-    if prompt_embeds is not None:
-        prompt = prompt_embeds
-        if not isinstance(prompt, torch.Tensor) or prompt.ndim != 3 or not prompt.is_floating_point():
-            raise ValueError("prompt_embeds must be a [B, S, C] floating-point tensor")
-    else:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
-            raise ValueError("input_ids must be a [B, S] integer tensor")
-        if input_ids.is_floating_point():
-            raise ValueError("input_ids must hold integer token ids")
-        prompt = input_ids
-    if prompt.shape[0] < 1 or prompt.shape[1] < 1:
-        raise ValueError(f"the prompt must be non-empty [B >= 1, S >= 1, ...], got shape {tuple(prompt.shape)}")
-    return int(prompt.shape[0])
-
-
 def _prefill(adapter, input_ids, prompt_embeds, attention_mask, cfg: bool) -> int:
     if prompt_embeds is None:
         return adapter.prefill(input_ids, attention_mask, cfg)
     if not callable(getattr(adapter, "prefill_embeds", None)):
         raise ValueError(f"{type(adapter).__name__} takes input_ids, not prompt_embeds")
     return adapter.prefill_embeds(prompt_embeds, attention_mask, cfg)
-
-
-def _check_args(mode, window, temperature, top_k, draft_init, coupling, max_lead) -> str:
-    """Checks the settings; returns the coupling the verification uses."""
-    if max_lead is not None and (isinstance(max_lead, bool) or not isinstance(max_lead, int) or max_lead < 0):
-        raise ValueError(f"max_lead must be None or an int >= 0, got {max_lead!r}")
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be an int >= 1, got {window!r}")
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-    if draft_init not in DRAFT_INITS:
-        raise ValueError(f"unknown draft_init {draft_init!r}; expected one of {DRAFT_INITS}")
-    if coupling == "none":
-        warnings.warn('coupling="none" is deprecated; use "independent"', DeprecationWarning, stacklevel=3)
-        coupling = "independent"
-    if coupling is not None and coupling not in COUPLINGS:
-        raise ValueError(f"unknown coupling {coupling!r}; expected None or one of {COUPLINGS}")
-    if mode in ("ar", "jd", "gsd"):
-        if coupling not in (None, "independent"):
-            raise ValueError(f"coupling={coupling!r} applies to sjd and csd only (mode={mode!r} draws next drafts "
-                             "independently)")
-        return "independent"
-    return coupling or DEFAULT_COUPLING

@@ -46,6 +46,12 @@ class CachedImageLM:
     def device(self) -> torch.device:
         return next(self.backbone.parameters()).device
 
+    @property
+    def prompt_vocab_size(self) -> Optional[int]:
+        """Rows of the backbone's input embedding: prompt ids must lie in [0, this) (generate() checks them)."""
+        get = getattr(self.backbone, "get_input_embeddings", None)
+        return getattr(get(), "num_embeddings", None) if callable(get) else None
+
     def _run(self, **inputs) -> torch.Tensor:
         """One backbone call appending T positions to the cache -> last hidden state [R, T, D]."""
         x = inputs.get("input_ids", inputs.get("inputs_embeds"))

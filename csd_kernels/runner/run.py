@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from .. import zoo
-from ..decoding import COUPLINGS, DRAFT_INITS, MODES, generate
-from ..usage import UsageError, writable_dir
+from ..decoding import MODES, generate
+from ..usage import UsageError, as_flags, check_out, writable_dir
+from ..validation import check, check_backend, check_generate
 from .files import (
     FORMAT,
     LOCK,
@@ -136,7 +137,7 @@ def run(model: str, prompts_file: str, modes, out: str, *, seed: int = 0, batch_
     threads = torch.get_num_threads()
     lock, log, ok = None, None, False
     try:
-        spec.modes = _same_verdict(ctx, lambda: _check_arguments(spec))
+        spec.modes = _same_verdict(ctx, lambda: _check_arguments(spec, num_threads, ctx.device))
         _set_threads(ctx, num_threads)
         setup = _take_folder(ctx, spec)
         lock = setup.pop("lock", None)
@@ -171,12 +172,18 @@ def _same_verdict(ctx: Dist, check):
         raise SystemExit(2) from None
 
 
-def _check_arguments(spec: RunSpec) -> list:
+def _check_arguments(spec: RunSpec, num_threads: Optional[int], device: torch.device) -> list:
+    """Every argument of the run checked by the API's own rules (csd_kernels.validation), before anything is
+    loaded or written; returns the modes."""
     modes = parse_modes(spec.modes)
-    if spec.batch_size < 1:
-        raise UsageError(f"--batch-size {spec.batch_size}: must be >= 1")
-    if spec.coupling is not None and spec.coupling not in COUPLINGS:
-        raise UsageError(f"--coupling {spec.coupling}: choose from {', '.join(sorted(COUPLINGS))}")
+    with as_flags():
+        check("batch_size", spec.batch_size)
+        check("seed", spec.seed)
+        check("num_threads", num_threads)
+        given = {k: v for k, v in spec.generate_kwargs.items() if v is not None}
+        check_backend(given.pop("backend", None), device)
+        check_generate("csd", spec.coupling, **given)  # (the coupling applies to the run's sjd and csd items)
+    check_out(spec.out)
     return modes
 
 
@@ -218,8 +225,8 @@ def _prepare(spec: RunSpec, device: torch.device) -> dict:
         except ValueError as exc:
             raise UsageError(f"--prompts {spec.prompts_file}: prompt {line} ({prompt!r}): {exc}") from exc
     settings = _generate_settings(entry, spec.generate_kwargs)
-    if settings["draft_init"] not in DRAFT_INITS:
-        raise UsageError(f"--draft-init {settings['draft_init']}: choose from {', '.join(DRAFT_INITS)}")
+    with as_flags():  # the model's defaults filled in
+        check_generate("csd", spec.coupling, **{k: v for k, v in settings.items() if k != "backend"})
     manifest = _manifest(spec, prompts, settings)
     writable_dir(spec.out)
     lock = RunLock(spec.out).acquire()

@@ -88,6 +88,14 @@ def _digits_train_features(classes: tuple[int, ...]) -> np.ndarray:
     return quality.real_features(split="train")[np.isin(y, classes)]
 
 
+def digits_heldout_per_class() -> int:
+    """Held-out (test-split) digits of the rarest class: the most images per class the held-out ceiling can match."""
+    from .digits import quality
+
+    _, _, _, y = quality._data_split()
+    return int(np.bincount(y).min())
+
+
 def _digits_heldout_images(prompts: list[str], seed: int) -> torch.Tensor:
     """Held-out (test-split) digits [N, 32, 32], one per prompt of its class, drawn without replacement by ``seed``."""
     from .digits import quality, upsample

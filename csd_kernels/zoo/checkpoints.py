@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 from typing import Optional
 
@@ -76,11 +77,22 @@ def _left_pad(rows: list[list[int]], pad: int, device: torch.device) -> dict:
     return {"input_ids": ids, "attention_mask": mask}
 
 
+def _file_errors() -> tuple:
+    """What reading a file that is not a checkpoint raises (torch's unpickler, safetensors, transformers)."""
+    errors = (ValueError, OSError, RuntimeError, KeyError, EOFError, TypeError, IndexError, AttributeError,
+              pickle.UnpicklingError)
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return errors
+    return errors + (SafetensorError,)
+
+
 def _loading(flag: str, path: str, kind: str, load):
     """load(), with any failure as one ValueError line naming the flag and the path."""
     try:
         return load()
-    except (ValueError, OSError, RuntimeError, KeyError, EOFError, TypeError) as exc:
+    except _file_errors() as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if isinstance(exc, ValueError) and not isinstance(exc, UnicodeDecodeError):  # our loaders' own messages
             raise ValueError(f"{flag} {path}: {reason}") from exc
