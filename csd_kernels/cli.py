@@ -96,6 +96,37 @@ def _tile(images: np.ndarray, columns: int) -> np.ndarray:
     return mosaic
 
 
+def _font(size: int):
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=size)
+    except (TypeError, ImportError, OSError):  # Pillow < 10.1 or without FreeType: the small bitmap font
+        return ImageFont.load_default()
+
+
+def _save_labelled_rows(rows: list[np.ndarray], labels: list[str], path: str, title: str, scale: int = 4) -> None:
+    """One row of tiles per label, the label left of its row and a title above: [N, H, W, C] uint8 each."""
+    from PIL import Image, ImageDraw
+
+    grid = Image.fromarray(_tile(np.concatenate(rows), len(rows[0])))
+    grid = grid.resize((grid.width * scale, grid.height * scale), Image.NEAREST)
+    font = _font(9 * scale)
+    probe = ImageDraw.Draw(grid)
+    margin = max(probe.textlength(label, font=font) for label in labels) + 4 * scale
+    header = 14 * scale
+    width = max(grid.width + margin, probe.textlength(title, font=font) + 4 * scale)
+    canvas = Image.new(grid.mode, (int(width), grid.height + header), "white")
+    canvas.paste(grid, (int(margin), header))
+    draw = ImageDraw.Draw(canvas)
+    draw.text((2 * scale, 2 * scale), title, fill="black", font=font)
+    row_height = (rows[0].shape[1] + 1) * scale
+    for index, label in enumerate(labels):
+        draw.text((2 * scale, header + scale + index * row_height + row_height // 2), label, fill="black",
+                  font=font, anchor="lm")
+    canvas.save(path)
+
+
 def _save_maps(out, path: str, columns: int) -> None:
     """Entropy and acceptance maps of every image side by side, colour-mapped, one PNG."""
     import matplotlib
@@ -228,8 +259,9 @@ def cmd_compare(args) -> dict:
     samples = report.pop("samples")
     shown = min(args.num, 8)
     if all(images is not None for images in samples.values()):
-        rows = np.concatenate([images[:shown] for images in samples.values()])
-        _save_png(_tile(rows, shown), os.path.join(out_dir, "compare.png"), scale=4)
+        _save_labelled_rows([images[:shown] for images in samples.values()], list(samples),
+                            os.path.join(out_dir, "compare.png"),
+                            f"prompt {args.prompt}, first seed: one row per mode; each column is one prompt and seed")
     report.update(model=args.model, prompt=args.prompt, num=args.num, seeds=seeds,
                   rows_of_compare_png=list(samples), table=table)
     with open(os.path.join(out_dir, "compare.json"), "w") as f:

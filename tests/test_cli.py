@@ -58,6 +58,21 @@ def test_compare_reports_every_run_and_writes_the_side_by_side(tmp_path, capsys)
     assert Image.open(out_dir / "compare.png").size[1] > Image.open(out_dir / "compare.png").size[0] / 2
 
 
+def test_compare_png_labels_every_row_with_its_mode(tmp_path):
+    rows = [np.zeros((2, 8, 8, 3), np.uint8) for _ in range(3)]
+    for tiles in rows:
+        tiles[..., 1] = 200  # green tiles: the labels are grey levels, the gutters white
+    path = tmp_path / "compare.png"
+    cli._save_labelled_rows(rows, ["ar", "sjd+maximal", "csd"], str(path), "prompt 7", scale=4)
+    image = np.asarray(Image.open(path).convert("RGB")).astype(int)
+    top, left = np.argwhere((image[..., 0] == 0) & (image[..., 1] == 200)).min(0)
+    text = image.max(-1) < 100
+    assert text[:top].any()  # the title
+    for row in range(3):
+        assert text[top + row * 9 * 4: top + row * 9 * 4 + 8 * 4, :left].any(), f"row {row} has no label"
+    assert not text[:, left:].any() and image.shape[1] >= left + 2 * 9 * 4  # the tiles right of the labels
+
+
 def test_bench_writes_json_csv_and_plot(tmp_path):
     from csd_kernels import bench
 
