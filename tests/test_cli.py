@@ -63,7 +63,7 @@ def test_compare_png_labels_every_row_with_its_mode(tmp_path):
     for tiles in rows:
         tiles[..., 1] = 200  # green tiles: the labels are grey levels, the gutters white
     path = tmp_path / "compare.png"
-    cli._save_labelled_rows(rows, ["ar", "sjd+maximal", "csd"], str(path), "prompt 7", scale=4)
+    cli._save_labelled(np.concatenate(rows), 2, str(path), "prompt 7", labels=["ar", "sjd+maximal", "csd"], scale=4)
     image = np.asarray(Image.open(path).convert("RGB")).astype(int)
     top, left = np.argwhere((image[..., 0] == 0) & (image[..., 1] == 200)).min(0)
     text = image.max(-1) < 100
