@@ -253,6 +253,8 @@ def cmd_compare(args) -> dict:
     out_dir = writable_dir(args.out)
     entry = _load(args)
     _prompt_inputs(entry, args.prompt, 1)  # a bad prompt fails before any work
+    if args.num < 2 and entry.quality is not None:
+        raise UsageError("--num: compare needs at least 2 images per run (the Fréchet distance is of a set)")
     seeds = list(range(args.seeds))
     report = run_compare(entry, [args.prompt] * args.num, seeds, generate_kwargs=_generate_kwargs(args, entry),
                          progress=not args.quiet)

@@ -44,6 +44,12 @@ def test_generate_writes_images_maps_and_stats(tmp_path):
     assert set(stats["quality"]) == {"accuracy", "frechet"}
 
 
+def test_quality_of_a_single_image_has_no_frechet_distance(digits):
+    tokens = ck.generate(digits.model, **digits.prompt_inputs(["4"]), mode="csd", seed=0, **digits.defaults).tokens
+    quality = digits.quality(tokens, ["4"])
+    assert quality["frechet"] is None and 0 <= quality["accuracy"] <= 1
+
+
 def test_compare_reports_every_run_and_writes_the_side_by_side(tmp_path, capsys):
     out_dir = tmp_path / "cmp"
     assert cli.main(["compare", "--model", "digits", "--prompt", "1", "--num", "2", "--seeds", "2", "--window", "8",
@@ -94,6 +100,7 @@ def test_bench_writes_json_csv_and_plot(tmp_path):
         (["generate", "--model", "digits", "--prompt", "12"], "class id 0..9"),
         (["generate", "--model", "digits", "--prompt", "seven"], "class id 0..9"),
         (["compare", "--model", "digits", "--prompt", "-1"], "class id 0..9"),
+        (["compare", "--model", "digits", "--prompt", "7", "--num", "1"], "--num: compare needs at least 2 images"),
         (["generate", "--model", "digits", "--prompt", "7", "--out", "/proc/csd-out"], "--out"),
     ],
 )
