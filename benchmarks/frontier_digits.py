@@ -1,4 +1,4 @@
-"""The speed-quality frontier of every decoding mode on the shipped digits model (what the README's table shows).
+"""The speed-quality frontier of every decoding mode on the shipped digits model (docs/measurements.md).
 
     python benchmarks/frontier_digits.py    # = csd sweep --model digits --seeds 5 --out docs/img/digits_frontier
 

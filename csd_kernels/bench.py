@@ -22,6 +22,8 @@ from .testing import make_case
 JANUS_VOCAB, LUMINA_VOCAB = 16384, 8192
 DEFAULT_SHAPES = [(b, 16, v) for v in (JANUS_VOCAB, LUMINA_VOCAB) for b in (1, 4, 16)]
 QUICK_SHAPES = [(1, 16, JANUS_VOCAB), (4, 16, LUMINA_VOCAB)]
+# The cases import this module; pytest runs them by path, so this module never imports them.
+CASES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_cases.py")
 
 
 @dataclass
@@ -92,14 +94,12 @@ def run(device: str = "cpu", backends: Optional[list[str]] = None, quick: bool =
     import sys
     import tempfile
 
-    from . import bench_cases
-
     with tempfile.TemporaryDirectory() as tmp:
         path = json_path or os.path.join(tmp, "benchmark.json")
         env = dict(os.environ, CSD_BENCH_DEVICE=str(device), CSD_BENCH_QUICK="1" if quick else "0",
                    CSD_BENCH_BACKENDS=",".join(backends or []),
                    CSD_BENCH_SHAPES=";".join(",".join(str(n) for n in shape) for shape in shapes or []))
-        command = [sys.executable, "-m", "pytest", bench_cases.__file__, "-q", "-p", "no:cacheprovider",
+        command = [sys.executable, "-m", "pytest", CASES_FILE, "-q", "-p", "no:cacheprovider",
                    f"--benchmark-json={path}", "--benchmark-min-rounds=5"]
         result = subprocess.run(command, env=env, capture_output=True, text=True)
         if result.returncode != 0:

@@ -137,7 +137,38 @@ def _tile(images: np.ndarray, columns: int) -> np.ndarray:
     return mosaic
 
 
-def _save_maps(out, path: str, columns: int) -> None:
+def _font(size: int):
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=size)
+    except (TypeError, ImportError, OSError):  # Pillow < 10.1 or without FreeType: the small bitmap font
+        return ImageFont.load_default()
+
+
+def _save_labelled(images: np.ndarray, columns: int, path: str, title: str, labels=(), scale: int = 4) -> None:
+    """[N, H, W, C] uint8 tiled ``columns`` wide with a title above and, when given, a label left of each row."""
+    from PIL import Image, ImageDraw
+
+    grid = Image.fromarray(_tile(images, columns))
+    grid = grid.resize((grid.width * scale, grid.height * scale), Image.NEAREST)
+    font = _font(9 * scale)
+    probe = ImageDraw.Draw(grid)
+    margin = max(probe.textlength(label, font=font) for label in labels) + 4 * scale if labels else 0
+    header = 14 * scale
+    width = max(grid.width + margin, probe.textlength(title, font=font) + 4 * scale)
+    canvas = Image.new(grid.mode, (int(width), grid.height + header), "white")
+    canvas.paste(grid, (int(margin), header))
+    draw = ImageDraw.Draw(canvas)
+    draw.text((2 * scale, 2 * scale), title, fill="black", font=font)
+    row_height = (images.shape[1] + 1) * scale
+    for index, label in enumerate(labels):
+        draw.text((2 * scale, header + scale + index * row_height + row_height // 2), label, fill="black",
+                  font=font, anchor="lm")
+    canvas.save(path)
+
+
+def _save_maps(out, path: str, columns: int, title: str) -> None:
     """Entropy and acceptance maps of every image side by side, colour-mapped, one PNG."""
     import matplotlib
 
@@ -145,14 +176,15 @@ def _save_maps(out, path: str, columns: int) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 5))
-    for ax, (title, maps, cmap) in zip(axes, [("entropy of p (nats)", out.entropy_map, "magma"),
-                                              ("acceptance probability a(x)", out.accept_map, "viridis")]):
+    for ax, (name, maps, cmap) in zip(axes, [("entropy of p (nats)", out.entropy_map, "magma"),
+                                             ("acceptance probability a(x)", out.accept_map, "viridis")]):
         maps = maps.float().cpu().numpy()[..., None]
         mosaic = _tile(maps, columns)[..., 0].astype(np.float32)
         shown = ax.imshow(np.where(_tile(np.zeros_like(maps), columns)[..., 0] == 255, np.nan, mosaic), cmap=cmap)
-        ax.set_title(title)
+        ax.set_title(name)
         ax.axis("off")
         fig.colorbar(shown, ax=ax, fraction=0.046)
+    fig.suptitle(f"{title}: one map per image, one cell per token, in the order of grid.png")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -177,8 +209,9 @@ def cmd_generate(args) -> dict:
     if removed:
         print(f"replaced the {len(removed)} files of an earlier csd generate run in {out_dir}")
     columns = int(np.ceil(np.sqrt(args.num)))
-    _write_images(out, out_dir, columns)
-    _save_maps(out, os.path.join(out_dir, "maps.png"), columns)
+    title = f"{args.mode}, prompt {args.prompt}, --seed {args.seed}: {args.num} images"
+    _write_images(out, out_dir, columns, title)
+    _save_maps(out, os.path.join(out_dir, "maps.png"), columns, title)
     per_row = out.passes_per_row()
     tokens = out.tokens.shape[1]
     stats = {
@@ -205,7 +238,7 @@ def cmd_generate(args) -> dict:
     return stats
 
 
-def _write_images(out, out_dir: str, columns: int) -> None:
+def _write_images(out, out_dir: str, columns: int, title: str) -> None:
     """img_NNN.png and grid.png; without a pixel decoder, tokens.json (the image part in the model's own layout)."""
     if out.images is None:
         with open(os.path.join(out_dir, "tokens.json"), "w") as f:
@@ -215,7 +248,7 @@ def _write_images(out, out_dir: str, columns: int) -> None:
     images = out.images.cpu().numpy()
     for index, image in enumerate(images):
         _save_png(image, os.path.join(out_dir, f"img_{index:03d}.png"))
-    _save_png(_tile(images, columns), os.path.join(out_dir, "grid.png"), scale=4)
+    _save_labelled(images, columns, os.path.join(out_dir, "grid.png"), title)
 
 
 def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, generate_kwargs=None,
@@ -271,6 +304,8 @@ def cmd_compare(args) -> dict:
     check_out(args.out)
     entry = _load(args)
     _prompt_inputs(entry, args.prompt, 1)  # a bad prompt fails before any work
+    if args.num < 2 and entry.quality is not None:
+        raise UsageError("--num: compare needs at least 2 images per run (the Fréchet distance is of a set)")
     seeds = list(range(args.seeds))
     report = run_compare(entry, [args.prompt] * args.num, seeds, generate_kwargs=_generate_kwargs(args, entry),
                          progress=not args.quiet)
@@ -280,8 +315,10 @@ def cmd_compare(args) -> dict:
     shown = min(args.num, 8)
     out_dir = writable_dir(args.out)
     if all(images is not None for images in samples.values()):
-        rows = np.concatenate([images[:shown] for images in samples.values()])
-        _save_png(_tile(rows, shown), os.path.join(out_dir, "compare.png"), scale=4)
+        _save_labelled(np.concatenate([images[:shown] for images in samples.values()]), shown,
+                       os.path.join(out_dir, "compare.png"),
+                       f"prompt {args.prompt}, first seed: one row per mode; each column is one prompt and seed",
+                       labels=list(samples))
     report.update(model=args.model, prompt=args.prompt, num=args.num, seeds=seeds,
                   rows_of_compare_png=list(samples), table=table)
     with open(os.path.join(out_dir, "compare.json"), "w") as f:

@@ -219,7 +219,7 @@ def verify(
 ) -> VerifyResult:
     """Verify a window of draft tokens against the target model's logits, in one pass over the vocabulary.
 
-    The maths is defined once in :mod:`csd_kernels.reference`; see its docstring and the README.
+    The maths is defined once in :mod:`csd_kernels.reference`; see its docstring and docs/op.md.
     rule: "csd" (CSD's relaxed acceptance where TVD(p, q) < tvd_threshold) or "strict" (lossless speculative test).
     coupling: how the positions after accept_len get their next draft: "independent" (a fresh draw from p),
     "maximal" (the draft kept with probability min(1, p/q), else the residual draw) or "gumbel" (argmax z + G).

@@ -14,8 +14,8 @@ The maths is :mod:`csd_kernels.reference` (``verify(..., compute_dtype=torch.flo
 
 FMA contraction is off (``enable_fp_fusion=False``) so the fp32 mix ``u + s·(c − u)`` rounds as in the reference.
 Compiled code uses approximate exp and division (``ex2.approx``, ``div.full``), the interpreter and the CPU backend
-IEEE maths: decisions can differ only when u lies within rounding of a(x) or of a CDF boundary (see the README for
-the measured rate).
+IEEE maths: decisions can differ only when u lies within rounding of a(x) or of a CDF boundary (the measured rate:
+docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def plan(positions: int, vocab: int, top_k: bool, sm_count: int = REFERENCE_SM_C
     """The path for ``positions`` = B·L rows of ``vocab`` tokens (``top_k``: a top-k restriction is active).
 
     Split unless top-k needs the whole row in one program: on an H200 at V = 16384 the split path with 1024-token
-    slices beat the register path at every batch measured (B = 1 to 64, L = 16; README). ``positions`` and
+    slices beat the register path at every batch measured (B = 1 to 64, L = 16; docs/measurements.md). ``positions`` and
     ``sm_count`` are kept for plans that depend on them.
     """
     register_block = max(16, _pow2(vocab))

@@ -44,6 +44,12 @@ def test_generate_writes_images_maps_and_stats(tmp_path):
     assert set(stats["quality"]) == {"accuracy", "frechet"}
 
 
+def test_quality_of_a_single_image_has_no_frechet_distance(digits):
+    tokens = ck.generate(digits.model, **digits.prompt_inputs(["4"]), mode="csd", seed=0, **digits.defaults).tokens
+    quality = digits.quality(tokens, ["4"])
+    assert quality["frechet"] is None and 0 <= quality["accuracy"] <= 1
+
+
 def test_compare_reports_every_run_and_writes_the_side_by_side(tmp_path, capsys):
     out_dir = tmp_path / "cmp"
     assert cli.main(["compare", "--model", "digits", "--prompt", "1", "--num", "2", "--seeds", "2", "--window", "8",
@@ -56,6 +62,21 @@ def test_compare_reports_every_run_and_writes_the_side_by_side(tmp_path, capsys)
     assert report["results"]["ar"]["passes"]["mean"] == 256 and report["results"]["ar"]["speedup"] == 1.0
     assert report["results"]["sjd"]["distortion"]["mean"] == pytest.approx(0, abs=1e-6)
     assert Image.open(out_dir / "compare.png").size[1] > Image.open(out_dir / "compare.png").size[0] / 2
+
+
+def test_compare_png_labels_every_row_with_its_mode(tmp_path):
+    rows = [np.zeros((2, 8, 8, 3), np.uint8) for _ in range(3)]
+    for tiles in rows:
+        tiles[..., 1] = 200  # green tiles: the labels are grey levels, the gutters white
+    path = tmp_path / "compare.png"
+    cli._save_labelled(np.concatenate(rows), 2, str(path), "prompt 7", labels=["ar", "sjd+maximal", "csd"], scale=4)
+    image = np.asarray(Image.open(path).convert("RGB")).astype(int)
+    top, left = np.argwhere((image[..., 0] == 0) & (image[..., 1] == 200)).min(0)
+    text = image.max(-1) < 100
+    assert text[:top].any()  # the title
+    for row in range(3):
+        assert text[top + row * 9 * 4: top + row * 9 * 4 + 8 * 4, :left].any(), f"row {row} has no label"
+    assert not text[:, left:].any() and image.shape[1] >= left + 2 * 9 * 4  # the tiles right of the labels
 
 
 def test_bench_writes_json_csv_and_plot(tmp_path):
@@ -79,6 +100,7 @@ def test_bench_writes_json_csv_and_plot(tmp_path):
         (["generate", "--model", "digits", "--prompt", "12"], "class id 0..9"),
         (["generate", "--model", "digits", "--prompt", "seven"], "class id 0..9"),
         (["compare", "--model", "digits", "--prompt", "-1"], "class id 0..9"),
+        (["compare", "--model", "digits", "--prompt", "7", "--num", "1"], "--num: compare needs at least 2 images"),
         (["generate", "--model", "digits", "--prompt", "7", "--out", "/proc/csd-out"], "--out"),
     ],
 )

@@ -5,7 +5,7 @@ drafts, verifies the window (by mode: ar, jd, sjd, gsd, csd), commits the accept
 keeps the rest as the next drafts (their q = this iteration's p). Rows keep their own windows and random streams
 (keyed by seed, grid position and the row's own attempt count), so a batched row equals the row alone; rows more than
 ``max_lead`` tokens ahead of the slowest sit an iteration out, bounding the forward to max_lead + W tokens. One host
-sync per iteration (accept_len). See the README, "The decoding loop", for the modes, the couplings and the counting.
+sync per iteration (accept_len). See docs/decoding.md for the modes, the couplings and the counting.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from .steps import VERIFY, Settings, commit, draft_probs, draft_window, forward
 __all__ = ["MODES", "COUPLINGS", "DEFAULT_COUPLING", "DRAFT_INITS", "GenerateOutput", "generate"]
 
 COUPLINGS = ref.COUPLINGS  # how sjd / csd draw the next drafts; ar, jd and gsd draw them independently
-DEFAULT_COUPLING = "maximal"  # lossless-tested like the others, and the fewest passes (README, "The decoding loop")
-DEFAULT_MAX_LEAD_FACTOR = 1  # max_lead=None means one window (the trade-off is measured in the README)
+DEFAULT_COUPLING = "maximal"  # lossless-tested like the others, and the fewest passes (docs/decoding.md)
+DEFAULT_MAX_LEAD_FACTOR = 1  # max_lead=None means one window (the trade-off: docs/measurements.md)
 
 
 @dataclass

@@ -30,8 +30,9 @@ def summarize(gathered, modes, prompts, entry, manifest, tokens_per_image, world
         if entry.quality is not None:
             tokens = torch.tensor([r["tokens"] for r in rows], dtype=torch.int64)
             try:
-                stats.update({k: float(v) for k, v in entry.quality(tokens, [r["prompt"] for r in rows]).items()})
-            except ValueError as exc:  # e.g. the Fréchet distance of a single image
+                measured = entry.quality(tokens, [r["prompt"] for r in rows])
+                stats.update({k: float(v) for k, v in measured.items() if v is not None})  # no distance of one image
+            except ValueError as exc:
                 stats["quality_error"] = str(exc)
         per_mode[mode] = stats
     # speed-up vs ar: the measured ar passes when ar ran, else AR's exact count (one pass per token)

@@ -75,8 +75,9 @@ def _digits_quality(images: torch.Tensor, prompts: list[str]) -> dict:
 
     labels = np.array([int(p) for p in prompts])
     real = _digits_train_features(tuple(sorted(set(labels.tolist()))))
-    return {"accuracy": quality.class_accuracy(images, labels),
-            "frechet": quality.frechet_distance(quality.features(images), real)}
+    # a Fréchet distance is a statistic of a set: none for a single image
+    frechet = quality.frechet_distance(quality.features(images), real) if len(images) >= 2 else None
+    return {"accuracy": quality.class_accuracy(images, labels), "frechet": frechet}
 
 
 @functools.lru_cache(maxsize=None)

@@ -159,6 +159,67 @@ def check_settings(soft_draws: int, ema: float, shift: int) -> None:
         raise ValueError(f"shift must be >= 0 pixels, got {shift}")
 
 
+def prepare_data(subset, codebook, num_codes: int, seed: int, noise: float, soft_draws: int, shift: int, log):
+    """The digits, the codebook (fitted here unless given) and the precomputed targets (None when they are drawn
+    per step: with shifts, or with ``soft_draws`` 0), with the seconds the codebook and the targets took."""
+    images, labels = digits_dataset()
+    if subset is not None:
+        images, labels = images[:subset], labels[:subset]
+    t0 = time.time()
+    if codebook is None:
+        codebook = PatchCodebook.fit(images, num_codes=num_codes, seed=seed, noise=noise)
+    elif codebook.num_codes != num_codes:
+        raise ValueError(f"codebook has {codebook.num_codes} codes, expected {num_codes}")
+    t_codebook = time.time() - t0
+    log(f"codebook: {num_codes} codes fitted in {t_codebook:.1f}s")
+    t0 = time.time()
+    fixed = precompute_targets(codebook, images, soft_draws, noise, (seed + 1) * 1_000_003) \
+        if soft_draws and not shift else None
+    t_targets = time.time() - t0
+    if fixed is not None:
+        log(f"targets: {soft_draws} noise draws per patch, precomputed in {t_targets:.1f}s")
+    return images, labels, codebook, fixed, t_codebook, t_targets
+
+
+def step_loss(lm, codebook, x, prompt, idx, fixed, step: int, seed: int, noise: float, soft_draws: int):
+    """The loss of one batch: codes of ``x`` with the texture re-drawn (the context), scored against the fixed
+    targets, per-step soft targets or the drawn codes themselves."""
+    codes = codebook.encode(x, noise=noise, seed=seed * 1_000_003 + step)
+    seq = torch.cat([prompt[:, None], codes], dim=1)  # [B, 257]
+    logits = lm(input_ids=seq[:, :-1], use_cache=False).logits.float()  # [B, 256, V]
+    if fixed is not None:
+        return soft_loss(logits, fixed[idx].float() / soft_draws)
+    if soft_draws:
+        return soft_loss(logits, codebook.code_distribution(x, draws=soft_draws, noise=noise,
+                                                            seed=(seed + 1) * 1_000_003 + step))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq[:, 1:].reshape(-1))
+
+
+def optimise(lm, ema_lm, batches_, codebook, fixed, steps: int, seed: int, lr: float, warmup: int,
+             weight_decay: float, noise: float, soft_draws: int, ema: float, log_every: int, log) -> list[float]:
+    """The training loop: AdamW with warm-up and cosine decay, gradient clipping at 1, the moving average after
+    every step. Returns the loss of every step."""
+    opt = make_optimizer(lm, lr, weight_decay)
+    losses: list[float] = []
+    t_loop = time.time()
+    for step, (epoch, idx, x, prompt) in enumerate(batches_):
+        for grp in opt.param_groups:
+            grp["lr"] = lr_at(step, steps, lr, warmup)
+        loss = step_loss(lm, codebook, x, prompt, idx, fixed, step, seed, noise, soft_draws)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
+        opt.step()
+        if ema_lm is not None:
+            update_ema(ema_lm, lm, ema, step)
+        losses.append(float(loss.detach()))
+        if log_every and (step % log_every == 0 or step == steps - 1):
+            k = min(len(losses), log_every)
+            log(f"step {step:5d}  epoch {epoch:3d}  loss {sum(losses[-k:]) / k:.4f}  "
+                f"lr {lr_at(step, steps, lr, warmup):.2e}  {time.time() - t_loop:.0f}s")
+    return losses
+
+
 def train(
     out_dir=None,
     steps: int = DEFAULTS["steps"],
@@ -190,58 +251,17 @@ def train(
         torch.set_num_threads(threads)
     log = print if verbose else (lambda *a, **k: None)
     t_start = time.time()
-    images, labels = digits_dataset()
-    if subset is not None:
-        images, labels = images[:subset], labels[:subset]
-
-    t0 = time.time()
-    if codebook is None:
-        codebook = PatchCodebook.fit(images, num_codes=num_codes, seed=seed, noise=noise)
-    elif codebook.num_codes != num_codes:
-        raise ValueError(f"codebook has {codebook.num_codes} codes, expected {num_codes}")
-    t_codebook = time.time() - t0
-    log(f"codebook: {num_codes} codes fitted in {t_codebook:.1f}s")
-    t0 = time.time()
-    fixed = precompute_targets(codebook, images, soft_draws, noise, (seed + 1) * 1_000_003) \
-        if soft_draws and not shift else None
-    t_targets = time.time() - t0
-    if fixed is not None:
-        log(f"targets: {soft_draws} noise draws per patch, precomputed in {t_targets:.1f}s")
-
+    images, labels, codebook, fixed, t_codebook, t_targets = prepare_data(subset, codebook, num_codes, seed, noise,
+                                                                          soft_draws, shift, log)
     lm = build_lm(seed=seed, num_codes=num_codes, **(arch or {}))
     lm.train()
     ema_lm = copy.deepcopy(lm).eval().requires_grad_(False) if ema else None
     n_params = sum(p.numel() for p in lm.parameters())
     log(f"model: {n_params / 1e6:.2f}M params, {lm.config.num_hidden_layers} layers, hidden {lm.config.hidden_size}")
-    opt = make_optimizer(lm, lr, weight_decay)
     g = torch.Generator().manual_seed(seed + 12345)
-    losses: list[float] = []
     t_loop = time.time()
-    for step, (epoch, idx, x, prompt) in enumerate(batches(images, labels, steps, batch_size, shift, class_dropout,
-                                                           num_codes, g)):
-        codes = codebook.encode(x, noise=noise, seed=seed * 1_000_003 + step)  # the context: texture re-drawn
-        seq = torch.cat([prompt[:, None], codes], dim=1)  # [B, 257]
-        for grp in opt.param_groups:
-            grp["lr"] = lr_at(step, steps, lr, warmup)
-        logits = lm(input_ids=seq[:, :-1], use_cache=False).logits.float()  # [B, 256, V]
-        if fixed is not None:
-            loss = soft_loss(logits, fixed[idx].float() / soft_draws)
-        elif soft_draws:
-            loss = soft_loss(logits, codebook.code_distribution(x, draws=soft_draws, noise=noise,
-                                                                seed=(seed + 1) * 1_000_003 + step))
-        else:
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
-        opt.step()
-        if ema_lm is not None:
-            update_ema(ema_lm, lm, ema, step)
-        losses.append(float(loss.detach()))
-        if log_every and (step % log_every == 0 or step == steps - 1):
-            k = min(len(losses), log_every)
-            log(f"step {step:5d}  epoch {epoch:3d}  loss {sum(losses[-k:]) / k:.4f}  "
-                f"lr {lr_at(step, steps, lr, warmup):.2e}  {time.time() - t_loop:.0f}s")
+    losses = optimise(lm, ema_lm, batches(images, labels, steps, batch_size, shift, class_dropout, num_codes, g),
+                      codebook, fixed, steps, seed, lr, warmup, weight_decay, noise, soft_draws, ema, log_every, log)
     t_train = time.time() - t_loop
     raw_lm, lm = lm.eval(), (ema_lm if ema_lm is not None else lm.eval())
     tail = losses[-min(50, len(losses)):]
