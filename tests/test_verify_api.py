@@ -145,7 +145,7 @@ def _op_args(backend, with_probs):
     probs = torch.full((1, 1, 1), 1 / 9).expand(2, 4, 9) if with_probs else None
     zeros = torch.zeros(2, dtype=torch.int64)
     return (logits, drafts, probs, torch.randn(2, 4, 9), 3.0, 0.7, 5, 1, 0.5, 0.65, zeros, 1, zeros,
-            torch.tensor([3]), torch.tensor([1]), True, backend)
+            torch.tensor([3]), torch.tensor([1]), True, 0.9, 0.05, False, backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
