@@ -21,9 +21,6 @@ from .ops import SeedLike, verify
 
 __all__ = ["PLACEHOLDER_TOKEN_ID", "chain_speculative_sampling", "rejection_sample"]
 
-import inspect  # noqa: E402  TEMPORARY
-
-_VERIFY_TAKES_PROBS = "target_probs" in inspect.signature(verify).parameters
 PLACEHOLDER_TOKEN_ID = -1  # vLLM's and FlashInfer's padding after the emitted tokens
 
 
@@ -117,8 +114,8 @@ def chain_speculative_sampling(
     draft_token_ids [B, n] int, target_probs [B, n + 1, V].
     """
     del deterministic
-    result, n = _verify_chain(draft_token_ids, target_probs, draft_probs, None, 1.0, seed, offset, generator,
-                              backend, validate, "target_probs")
+    result, n = _verify_chain(draft_token_ids, draft_probs, dict(target_probs=target_probs), seed, offset, generator,
+                              backend, validate)
     emitted = result.accept_len
     output = _emitted_layout(result.tokens, emitted)
     # coupling="maximal": after the first rejection a position keeps its draft iff u_i < min(1, p/q) (its own test);
@@ -163,52 +160,58 @@ def rejection_sample(
     * ``bonus_token_ids`` [B] (vLLM samples it with its ordinary sampler): replaces the token verify draws at the
       bonus position of rows that accepted every draft.
 
-    Exactly one of ``target_logits`` and ``target_probs`` (each [B, n + 1, V]); ``temperature`` applies to logits.
+    Exactly one of ``target_logits`` and ``target_probs`` (each [B, n + 1, V]); ``temperature`` applies to logits
+    only (target_probs are the final distribution: take the argmax yourself for a greedy path on probabilities).
     Seeds, ``validate``, ``backend``: as in :func:`chain_speculative_sampling`.
 
     Shape: draft_token_ids [B, n] int, draft_probs [B, n, V] float32 or None, bonus_token_ids [B] int.
     """
     if (target_logits is None) == (target_probs is None):
         raise ValueError("give exactly one of target_logits and target_probs")
-    name, target = ("target_logits", target_logits) if target_probs is None else ("target_probs", target_probs)
-    if name == "target_probs" and temperature not in (1.0, 0.0):
-        raise ValueError(f"temperature={temperature} applies to target_logits; target_probs are used as given "
-                         "(temperature 0 takes their argmax)")
-    result, n = _verify_chain(draft_token_ids, target, draft_probs, None, temperature, seed, offset, generator,
-                              backend, validate, name)
-    emitted = result.accept_len
-    tokens = result.tokens
+    _check_bonus(bonus_token_ids, draft_token_ids)
+    target = dict(target_logits=target_logits, temperature=temperature) if target_probs is None else dict(
+        target_probs=target_probs)
+    result, n = _verify_chain(draft_token_ids, draft_probs, target, seed, offset, generator, backend, validate)
+    emitted, tokens = result.accept_len, result.tokens
     if bonus_token_ids is not None:
-        if not isinstance(bonus_token_ids, torch.Tensor) or tuple(bonus_token_ids.shape) != (tokens.shape[0],):
-            raise ValueError(f"bonus_token_ids must be an integer tensor [B] = [{tokens.shape[0]}], got "
-                             f"{getattr(bonus_token_ids, 'shape', type(bonus_token_ids).__name__)}")
         drafted = (draft_token_ids >= 0).sum(1)  # a row's bonus slot: its first undrafted position
-        at_bonus = (emitted == drafted)[:, None] & (torch.arange(n + 1, device=tokens.device)[None, :] == emitted[:, None])
-        tokens = torch.where(at_bonus, bonus_token_ids.to(tokens.dtype)[:, None], tokens)
+        slot = torch.arange(n + 1, device=tokens.device)[None, :] == emitted[:, None]
+        tokens = torch.where(slot & (emitted == drafted)[:, None], bonus_token_ids.to(tokens.dtype)[:, None], tokens)
     return _emitted_layout(tokens, emitted)
 
 
-def _verify_chain(draft_token_ids, target, draft_probs, uncond, temperature, seed, offset, generator, backend,
-                  validate, name):
-    """(verify's result over L = n + 1 positions, n) with the lossless rule and the maximal coupling."""
+def _check_bonus(bonus_token_ids, draft_token_ids) -> None:
+    if bonus_token_ids is None:
+        return
+    batch = draft_token_ids.shape[0] if isinstance(draft_token_ids, torch.Tensor) else None
+    if (not isinstance(bonus_token_ids, torch.Tensor) or bonus_token_ids.is_floating_point()
+            or tuple(bonus_token_ids.shape) != (batch,)):
+        got = getattr(bonus_token_ids, "shape", type(bonus_token_ids).__name__)
+        raise ValueError(f"bonus_token_ids must be an integer tensor [B] = [{batch}], got "
+                         f"{getattr(bonus_token_ids, 'dtype', '')} {got}")
+
+
+def _verify_chain(draft_token_ids, draft_probs, target: dict, seed, offset, generator, backend, validate):
+    """(verify's result over L = n + 1 positions, n) with the lossless rule and the maximal coupling.
+
+    ``target``: target_logits= (and temperature=) or target_probs=, as verify takes them.
+    """
     if not isinstance(draft_token_ids, torch.Tensor) or draft_token_ids.dim() != 2:
         raise ValueError(f"draft_token_ids must be an integer tensor [B, n], got "
                          f"{getattr(draft_token_ids, 'shape', type(draft_token_ids).__name__)}")
     batch, n = draft_token_ids.shape
-    _check_target(name, target, batch, n)
-    drafts = _window_drafts(draft_token_ids, n + 1)
-    q = _window_draft_probs(draft_probs, n, target if name == "target_probs" else _probs_for_bonus_row(target))
+    name = "target_probs" if "target_probs" in target else "target_logits"
+    _check_target(name, target[name], batch, n)
+    bonus_q = target[name] if name == "target_probs" else _uniform_like(target[name])
+    q = _window_draft_probs(draft_probs, n, bonus_q)
     seed, offset = _seed(seed, offset, generator)
-    if name == "target_probs" and not _VERIFY_TAKES_PROBS:  # TEMPORARY until verify(target_probs=) lands
-        name, target = "target_logits", torch.log(target.float())
-    result = verify(draft_tokens=drafts, draft_probs=q, **{name: target}, temperature=temperature, rule="strict",
+    result = verify(draft_tokens=_window_drafts(draft_token_ids, n + 1), draft_probs=q, **target, rule="strict",
                     coupling="maximal", seed=seed, offset=offset, return_probs=False, backend=backend,
                     validate=validate)
     return result, n
 
 
-def _probs_for_bonus_row(target_logits: torch.Tensor) -> torch.Tensor:
-    """Any normalised row will do for the bonus slot's q (it is never used to decide): a uniform one, as a view."""
+def _uniform_like(target_logits: torch.Tensor) -> torch.Tensor:
+    """A uniform q [B, L, V] as a stride-0 view (any normalised row will do for the bonus slot: it never decides)."""
     vocab = target_logits.shape[-1]
-    return torch.full((1, 1, 1), 1.0 / vocab, dtype=torch.float32, device=target_logits.device).expand(
-        target_logits.shape)
+    return torch.full((1, 1, 1), 1.0 / vocab, device=target_logits.device).expand(target_logits.shape)
