@@ -51,7 +51,7 @@ def _triton_backend(*args):
 
 
 def _compiled_backend(*args):
-    return tuple(torch.ops.csd_kernels.verify_rows(*_without_new_options(args, "cpu/cuda")))
+    return tuple(torch.ops.csd_kernels.verify_rows(*args))
 
 
 def _without_new_options(args, backend):  # until every backend takes top_p, min_p and target_probs
