@@ -95,6 +95,17 @@ def test_a_residual_with_one_nonzero_entry_draws_it(backend):
     assert out.tolist() == [[2, -1]] * 4 and emitted.tolist() == [0] * 4
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_draft_of_zero_draft_probability_is_neither_accepted_nor_counted(backend):
+    """Position 0 is rejected (p = 0 there); the draft at position 1 had q(x) = 0 although p(x) = 1: the op rejects
+    such drafts (a = 0), and the accepted count must not mistake the residual draw of x for an acceptance."""
+    q = torch.tensor([[[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]]]).expand(8, 2, 3).contiguous()
+    p = torch.tensor([[[0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]]).expand(8, 3, 3).contiguous()
+    drafts = torch.tensor([[0, 2]], dtype=torch.int32).expand(8, 2)
+    out, accepted, emitted = ck.chain_speculative_sampling(q, drafts, p, seed=0, backend=backend)
+    assert out.tolist() == [[2, -1, -1]] * 8 and accepted.tolist() == emitted.tolist() == [0] * 8
+
+
 @pytest.mark.parametrize("vocab", [33, 1023, 1024, 1025, 4097, 32001])
 def test_vocabularies_at_tile_boundaries(vocab):
     """The last and first tokens of the vocabulary are reached, and every backend emits the same tokens."""
