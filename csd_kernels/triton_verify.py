@@ -32,6 +32,7 @@ try:  # pragma: no cover - exercised by whichever environment imports us
     import triton
 
     from .triton_kernels import chunked, common, register, split
+    from .triton_launch import launch
 
     _TRITON_ERROR: Optional[str] = None
 except Exception as exc:  # pragma: no cover
@@ -150,15 +151,19 @@ def verify_triton(
         dist=torch.empty((B, L), **f32), tokens=torch.empty((B, L), dtype=torch.int64, device=device),
         accept_len=torch.empty((B,), **i32), status=torch.empty((B,), **i32),
     )
-    scratch = torch.empty((3, B, L), **i32)  # per position: resampled token, later draw, flags
     if B * L == 0:
         out["accept_len"].fill_(L)
         out["status"].zero_()
     else:
         greedy = temperature == 0
-        chosen = plan(B * L, V, (not greedy) and 0 < top_k < V, _sm_count(device))
         has_q = draft_probs is not None
         seed, offset = seed.reshape(-1), offset.reshape(-1)
+        flags = dict(HAS_UNCOND=uncond_logits is not None, HAS_Q=has_q, GREEDY=greedy,
+                     CSD_RULE=int(rule) == 1, COUPLING=int(coupling), RETURN_PROBS=bool(return_probs),
+                     PER_ROW_SEED=seed.numel() != 1)
+        key = _launch_key((target_logits, uncond_logits, draft_probs, draft_tokens, start, positions, seed, offset),
+                          int(top_k), flags)
+        work = _workspace(key, B, L, V, (not greedy) and 0 < top_k < V, device)
         args = _Args(
             target_logits, uncond_logits if uncond_logits is not None else target_logits,
             draft_probs if has_q else out["ent"], draft_tokens, start.reshape(-1), positions.reshape(-1), seed, offset,
@@ -166,14 +171,58 @@ def verify_triton(
             seed_stride=seed.stride(0) if seed.numel() != 1 else 0,
             offset_stride=offset.stride(0) if offset.numel() != 1 else 0,
             scalars=(float(cfg_scale), _fp32(1.0 / temperature) if not greedy else 1.0),  # 1/T rounded once, as ref
-            flags=dict(HAS_UNCOND=uncond_logits is not None, HAS_Q=has_q, GREEDY=greedy,
-                       CSD_RULE=int(rule) == 1, COUPLING=int(coupling), RETURN_PROBS=bool(return_probs),
-                       PER_ROW_SEED=seed.numel() != 1),
+            flags=flags,
         )
-        launch = _launch_split if chosen.path == "split" else _launch_per_position
-        launch(chosen, args, out, scratch, int(top_k), float(entropy_coef), float(tvd_threshold))
+        launch = _launch_split if work.plan.path == "split" else _launch_per_position
+        launch(work, key, args, out, int(top_k), float(entropy_coef), float(tvd_threshold))
     o = out
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
+
+
+def _launch_key(tensors: tuple, top_k: int, flags: dict) -> tuple:
+    """What the launches are specialized on (see triton_launch): each input tensor's device, dtype, shape, strides
+    and 16-byte alignment, the integer top_k and the constexpr flags; every other integer argument and every
+    workspace pointer derives from these. A new integer or constexpr kernel argument must be added here."""
+    specs = tuple(None if t is None else (t.device, t.dtype, t.shape, t.stride(), t.data_ptr() & 15) for t in tensors)
+    return specs, top_k, tuple(flags.values())
+
+
+@dataclass
+class _Workspace:
+    """Per launch key: the plan and the scratch the kernels write before they read it (reused call after call)."""
+
+    plan: Plan
+    scratch: torch.Tensor  # [3, B, L] int32 per position: resampled token, later draw, flags
+    stats: Optional[torch.Tensor] = None  # split path: per-program statistics, sums, indices, counters
+    sums: Optional[torch.Tensor] = None
+    ints: Optional[torch.Tensor] = None
+
+
+_WORKSPACES: dict = {}  # never evicted: a captured CUDA graph may still write a workspace it saw
+
+
+def _stream(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch._C._cuda_getCurrentRawStream(index)  # what Triton launches on, without building a Stream object
+
+
+def _workspace(key: tuple, B: int, L: int, V: int, top_k: bool, device: torch.device) -> _Workspace:
+    """The cached workspace of ``key`` on the current stream (a stream's launches run in order, so one buffer per
+    stream is never read and written by two calls at once)."""
+    stream = _stream(device)
+    work = _WORKSPACES.get((key, stream))
+    if work is None:
+        chosen = plan(B * L, V, top_k, _sm_count(device))
+        work = _WORKSPACES[(key, stream)] = _Workspace(chosen, torch.empty((3, B, L), dtype=torch.int32, device=device))
+        if chosen.path == "split":
+            programs = B * L * -(-V // chosen.block)
+            assert split.N_STATS.value == split.N_SUMS.value
+            work.stats, work.sums = torch.empty((2, programs, split.N_STATS.value), dtype=torch.float32,
+                                                device=device)  # contiguous
+            work.ints = torch.empty((programs * 3 + B * L + B,), dtype=torch.int32, device=device)
+    return work
 
 
 @dataclass
@@ -208,44 +257,40 @@ def _outputs(out: dict, scratch: torch.Tensor) -> tuple:
     return (out["probs"], out["ent"], out["tvd"], out["acc"], out["dist"], scratch[0], scratch[1], scratch[2])
 
 
-def _launch_per_position(chosen: Plan, a: _Args, out, scratch, top_k, entropy_coef, tvd_threshold):
+def _launch_per_position(work: _Workspace, key, a: _Args, out, top_k, entropy_coef, tvd_threshold):
     B, L, V = a.logits.shape
+    chosen, scratch = work.plan, work.scratch
     kernel = register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel
-    kernel[(B * L,)](
-        *a.inputs(), *_outputs(out, scratch),
-        L, V, *a.scalars, top_k, entropy_coef, tvd_threshold,
-        TOP_K=(not a.flags["GREEDY"]) and 0 < top_k < V, BLOCK_V=chosen.block, **a.flags,
-        num_warps=chosen.num_warps, enable_fp_fusion=False,
-    )
-    common.finalize_kernel[(B,)](
-        a.drafts, a.drafts.stride(0), a.drafts.stride(1), scratch[0], scratch[1], scratch[2],
-        out["tokens"], out["accept_len"], out["status"], L, V, BLOCK_L=max(16, _pow2(L)), num_warps=1,
-    )
+    launch(kernel, (B * L,), key,
+           (*a.inputs(), *_outputs(out, scratch), L, V, *a.scalars, top_k, entropy_coef, tvd_threshold),
+           dict(TOP_K=(not a.flags["GREEDY"]) and 0 < top_k < V, BLOCK_V=chosen.block, **a.flags),
+           num_warps=chosen.num_warps, enable_fp_fusion=False)
+    launch(common.finalize_kernel, (B,), key,
+           (a.drafts, a.drafts.stride(0), a.drafts.stride(1), scratch[0], scratch[1], scratch[2],
+            out["tokens"], out["accept_len"], out["status"], L, V),
+           dict(BLOCK_L=max(16, _pow2(L))), num_warps=1)
 
 
-def _launch_split(chosen: Plan, a: _Args, out, scratch, top_k, entropy_coef, tvd_threshold):
+def _launch_split(work: _Workspace, key, a: _Args, out, top_k, entropy_coef, tvd_threshold):
     B, L, V = a.logits.shape
+    chosen, scratch = work.plan, work.scratch
     n_split = -(-V // chosen.block)
     programs = B * L * n_split
-    device = a.logits.device
-    assert split.N_STATS.value == split.N_SUMS.value
-    stats, sums = torch.empty((2, programs, split.N_STATS.value), dtype=torch.float32, device=device)  # contiguous
-    ints = torch.empty((programs * 3 + B * L + B,), dtype=torch.int32, device=device)
+    stats, sums, ints = work.stats, work.sums, work.ints
     index, bad_q = ints[: 2 * programs], ints[2 * programs: 3 * programs]
     position_count, row_count = ints[3 * programs: 3 * programs + B * L], ints[3 * programs + B * L:]
     flags = a.flags
-    split.split_stats_kernel[(programs,)](
-        a.logits, a.logits.stride(0), a.logits.stride(1), a.uncond, a.uncond.stride(0), a.uncond.stride(1),
-        a.positions, a.positions.stride(0), a.seed, a.seed_stride,
-        stats, index, position_count, row_count, L, V, *a.scalars,
-        HAS_UNCOND=flags["HAS_UNCOND"], GREEDY=flags["GREEDY"],
-        GUMBEL=flags["COUPLING"] == 2 and not flags["GREEDY"], PER_ROW_SEED=flags["PER_ROW_SEED"],
-        BLOCK_V=chosen.block, num_warps=chosen.num_warps, enable_fp_fusion=False,
-    )
-    split.split_finish_kernel[(programs,)](
-        *a.inputs(), *_outputs(out, scratch),
-        stats, index, sums, bad_q, position_count, row_count, out["tokens"], out["accept_len"], out["status"],
-        L, V, *a.scalars, entropy_coef, tvd_threshold, **flags,
-        BLOCK_V=chosen.block, S_BLOCK=max(2, _pow2(n_split)), BLOCK_L=max(16, _pow2(L)),
-        num_warps=chosen.num_warps, enable_fp_fusion=False,
-    )
+    launch(split.split_stats_kernel, (programs,), key,
+           (a.logits, a.logits.stride(0), a.logits.stride(1), a.uncond, a.uncond.stride(0), a.uncond.stride(1),
+            a.positions, a.positions.stride(0), a.seed, a.seed_stride,
+            stats, index, position_count, row_count, L, V, *a.scalars),
+           dict(HAS_UNCOND=flags["HAS_UNCOND"], GREEDY=flags["GREEDY"],
+                GUMBEL=flags["COUPLING"] == 2 and not flags["GREEDY"], PER_ROW_SEED=flags["PER_ROW_SEED"],
+                BLOCK_V=chosen.block),
+           num_warps=chosen.num_warps, enable_fp_fusion=False)
+    launch(split.split_finish_kernel, (programs,), key,
+           (*a.inputs(), *_outputs(out, scratch),
+            stats, index, sums, bad_q, position_count, row_count, out["tokens"], out["accept_len"], out["status"],
+            L, V, *a.scalars, entropy_coef, tvd_threshold),
+           dict(**flags, BLOCK_V=chosen.block, S_BLOCK=max(2, _pow2(n_split)), BLOCK_L=max(16, _pow2(L))),
+           num_warps=chosen.num_warps, enable_fp_fusion=False)
