@@ -118,7 +118,8 @@ if compiled_extension() is not None:
 
     @torch.library.register_fake("csd_kernels::verify_rows")
     def _(target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule, entropy_coef,
-          tvd_threshold, start, coupling, positions, seed, offset, return_probs, top_p, min_p, target_is_probs):
+          tvd_threshold, start, coupling, positions, seed, offset, return_probs, top_p=1.0, min_p=0.0,
+          target_is_probs=False):  # the schema's defaults: the dispatcher may drop arguments equal to them
         return _fake_outputs(target_logits, return_probs)
 
 

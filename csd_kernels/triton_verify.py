@@ -21,6 +21,7 @@ the measured rate).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -131,6 +132,9 @@ def verify_triton(
     seed: torch.Tensor,
     offset: torch.Tensor,
     return_probs: bool,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    target_is_probs: bool = False,
 ):
     """Triton verification step on validated arguments (see module docstring); no host synchronisation.
 
@@ -156,7 +160,11 @@ def verify_triton(
         out["status"].zero_()
     else:
         greedy = temperature == 0
-        chosen = plan(B * L, V, (not greedy) and 0 < top_k < V, _sm_count(device))
+        # top-k, top-p, min-p and target probabilities take the per-position paths
+        nucleus = dict(TOP_P=(not greedy) and top_p < 1.0, MIN_P=(not greedy) and min_p > 0.0,
+                       PROBS=bool(target_is_probs))
+        whole_row = ((not greedy) and 0 < top_k < V) or any(nucleus.values())
+        chosen = plan(B * L, V, whole_row, _sm_count(device))
         has_q = draft_probs is not None
         seed, offset = seed.reshape(-1), offset.reshape(-1)
         args = _Args(
@@ -170,8 +178,12 @@ def verify_triton(
                        CSD_RULE=int(rule) == 1, COUPLING=int(coupling), RETURN_PROBS=bool(return_probs),
                        PER_ROW_SEED=seed.numel() != 1),
         )
-        launch = _launch_split if chosen.path == "split" else _launch_per_position
-        launch(chosen, args, out, scratch, int(top_k), float(entropy_coef), float(tvd_threshold))
+        if chosen.path == "split":
+            _launch_split(chosen, args, out, scratch, int(top_k), float(entropy_coef), float(tvd_threshold))
+        else:
+            log_min_p = _fp32(math.log(min_p)) if min_p > 0 else float("-inf")  # ln rounded once, as the reference
+            _launch_per_position(chosen, args, out, scratch, int(top_k), float(entropy_coef), float(tvd_threshold),
+                                 (_fp32(top_p), log_min_p), nucleus)
     o = out
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
 
@@ -208,13 +220,14 @@ def _outputs(out: dict, scratch: torch.Tensor) -> tuple:
     return (out["probs"], out["ent"], out["tvd"], out["acc"], out["dist"], scratch[0], scratch[1], scratch[2])
 
 
-def _launch_per_position(chosen: Plan, a: _Args, out, scratch, top_k, entropy_coef, tvd_threshold):
+def _launch_per_position(chosen: Plan, a: _Args, out, scratch, top_k, entropy_coef, tvd_threshold,
+                         nucleus_scalars=(1.0, float("-inf")), nucleus_flags=None):
     B, L, V = a.logits.shape
     kernel = register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel
     kernel[(B * L,)](
         *a.inputs(), *_outputs(out, scratch),
-        L, V, *a.scalars, top_k, entropy_coef, tvd_threshold,
-        TOP_K=(not a.flags["GREEDY"]) and 0 < top_k < V, BLOCK_V=chosen.block, **a.flags,
+        L, V, *a.scalars, top_k, entropy_coef, tvd_threshold, *nucleus_scalars,
+        TOP_K=(not a.flags["GREEDY"]) and 0 < top_k < V, BLOCK_V=chosen.block, **a.flags, **(nucleus_flags or {}),
         num_warps=chosen.num_warps, enable_fp_fusion=False,
     )
     common.finalize_kernel[(B,)](
