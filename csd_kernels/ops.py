@@ -47,18 +47,11 @@ def _torch_backend(logits, draft_tokens, draft_probs, uncond, cfg_scale, tempera
 def _triton_backend(*args):
     from .triton_verify import verify_triton
 
-    return verify_triton(*_without_new_options(args, "triton"))
+    return verify_triton(*args)
 
 
 def _compiled_backend(*args):
     return tuple(torch.ops.csd_kernels.verify_rows(*args))
-
-
-def _without_new_options(args, backend):  # until every backend takes top_p, min_p and target_probs
-    if args[16:] != (1.0, 0.0, False):
-        raise NotImplementedError(f"backend {backend} does not take top_p / min_p / target_probs yet; use "
-                                  "backend='torch'")
-    return args[:16]
 
 
 _BACKEND_FUNCTIONS = {"torch": _torch_backend, "triton": _triton_backend, "cpu": _compiled_backend,

@@ -25,6 +25,7 @@ from .common import (
     gumbel_uniforms,
     load_mix,
     load_mix_flagged,
+    load_prob,
     load_probs,
     log_or_minus_inf,
     order_key,
@@ -50,8 +51,7 @@ def _load_z(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr
             PROBS: tl.constexpr):
     """z of one chunk: the masked CFG mix, or ln w for target probabilities."""
     if PROBS:
-        w, _bad = load_probs(c_row, offs, mask)
-        return log_or_minus_inf(w)
+        return log_or_minus_inf(load_prob(c_row, offs, mask))
     return load_mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
 
 

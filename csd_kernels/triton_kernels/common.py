@@ -108,10 +108,8 @@ def gumbel_uniforms(v0, pos, row_id, k0, k1, BLOCK: tl.constexpr):
 # Shared per-chunk helpers
 # ----------------------------------------------------------------------------------------------------------------
 @triton.jit
-def load_mix_flagged(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr):
-    """(z, bad): z = (u + s·(c − u))·(1/T) in fp32 (unscaled for T = 0), −inf where c or u is −inf (a masked token);
-    bad = 1 if an unmasked lane holds NaN or +inf in c or u, or a mix that overflows (int32 scalar). Lanes outside
-    ``mask`` hold 0."""
+def _mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr):
+    """Elementwise (z, bad) of :func:`load_mix_flagged` (any shape of offs, scalars included)."""
     c = tl.load(c_row + offs, mask=mask, other=0.0).to(tl.float32)
     masked = c == float("-inf")
     bad = ~(c < float("inf"))
@@ -124,13 +122,22 @@ def load_mix_flagged(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND: tl.
     if not GREEDY:
         z = z * inv_t
     bad = bad | (~masked & ~(tl.abs(z) < float("inf")))
-    return tl.where(masked, float("-inf"), z), tl.max((mask & bad).to(tl.int32), 0)
+    return tl.where(masked, float("-inf"), z), mask & bad
+
+
+@triton.jit
+def load_mix_flagged(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr):
+    """(z, bad): z = (u + s·(c − u))·(1/T) in fp32 (unscaled for T = 0), −inf where c or u is −inf (a masked token);
+    bad = 1 if a lane of ``mask`` holds NaN or +inf in c or u, or a mix that overflows (int32 scalar). Lanes outside
+    ``mask`` hold 0."""
+    z, bad = _mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
+    return z, tl.max(bad.to(tl.int32), 0)
 
 
 @triton.jit
 def load_mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr):
     """z of :func:`load_mix_flagged` without the flag."""
-    z, _bad = load_mix_flagged(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
+    z, _bad = _mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
     return z
 
 
@@ -139,6 +146,12 @@ def load_probs(w_row, offs, mask):
     """(w, bad): target probabilities (0 outside ``mask``); bad = 1 if a lane is negative or not finite."""
     w = tl.load(w_row + offs, mask=mask, other=0.0).to(tl.float32)
     return w, tl.max((mask & ~((w >= 0.0) & (w < float("inf")))).to(tl.int32), 0)
+
+
+@triton.jit
+def load_prob(w_row, offs, mask):
+    """w at scalar (or any-shaped) offsets, without the reduction of :func:`load_probs`."""
+    return tl.load(w_row + offs, mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
