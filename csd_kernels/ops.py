@@ -34,7 +34,8 @@ def _torch_backend(logits, draft_tokens, draft_probs, uncond, cfg_scale, tempera
                    tvd_threshold, start, coupling, positions, seed, offset, return_probs, top_p=1.0, min_p=0.0,
                    target_is_probs=False):
     out = ref.verify(
-        None if target_is_probs else logits, draft_tokens, draft_probs, target_probs=logits if target_is_probs else None,
+        None if target_is_probs else logits, draft_tokens, draft_probs,
+        target_probs=logits if target_is_probs else None,
         uncond_logits=uncond, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None,
         top_p=top_p if top_p < 1.0 else None, min_p=min_p or None, rule=ref.RULES[rule], entropy_coef=entropy_coef,
         tvd_threshold=tvd_threshold, start=start, coupling=ref.COUPLINGS[coupling], positions=positions, seed=seed,

@@ -107,7 +107,8 @@ def forward(adapter, state: RowState, win: Window, drafted: Drafted):
 # ----------------------------------------------------------------------------------------------------------------------
 def _common(cond, uncond, run: Settings, state: RowState, win: Window, drafted: Drafted) -> dict:
     return dict(uncond_logits=uncond, cfg_scale=run.cfg_scale, temperature=run.temperature, top_k=run.top_k,
-                top_p=run.top_p, min_p=run.min_p, start=win.start, positions=drafted.positions, seed=run.seeds, offset=state.attempts)
+                top_p=run.top_p, min_p=run.min_p, start=win.start, positions=drafted.positions, seed=run.seeds,
+                offset=state.attempts)
 
 
 def _speculative(cond, uncond, q, run: Settings, state: RowState, win: Window, drafted: Drafted) -> Verified:
