@@ -40,8 +40,8 @@ COMPARE_RUNS = [
 _CLI_EXTRAS = ("transformers", "safetensors", "tqdm", "PIL", "matplotlib", "sklearn")  # setup.py's [cli] extra
 _MODEL_OPTIONS = ("weights", "config", "vq", "image_size", "size", "dtype")  # zoo.load keywords, one flag each
 # generate() keywords taken from the command line; unset ones fall back to the model's defaults
-_GENERATE_OPTIONS = ("window", "cfg_scale", "temperature", "top_k", "entropy_coef", "tvd_threshold", "draft_init",
-                     "backend")
+_GENERATE_OPTIONS = ("window", "cfg_scale", "temperature", "top_k", "top_p", "min_p", "entropy_coef", "tvd_threshold",
+                     "draft_init", "backend")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -321,6 +321,10 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cfg-scale", dest="cfg_scale", type=float, help="classifier-free guidance scale")
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--top-k", dest="top_k", type=int)
+    parser.add_argument("--top-p", dest="top_p", type=float, help="nucleus sampling: keep the smallest set of most "
+                        "likely tokens with this much probability, in (0, 1] (default: off)")
+    parser.add_argument("--min-p", dest="min_p", type=float, help="keep tokens with p >= min_p * max p, in [0, 1] "
+                        "(default: off)")
     parser.add_argument("--entropy-coef", dest="entropy_coef", type=float, help="CSD λ (default 0.5)")
     parser.add_argument("--tvd-threshold", dest="tvd_threshold", type=float, help="CSD τ (default 0.65)")
     parser.add_argument("--draft-init", dest="draft_init", choices=DRAFT_INITS)

@@ -34,7 +34,8 @@ def _torch_backend(logits, draft_tokens, draft_probs, uncond, cfg_scale, tempera
                    tvd_threshold, start, coupling, positions, seed, offset, return_probs, top_p=1.0, min_p=0.0,
                    target_is_probs=False):
     out = ref.verify(
-        None if target_is_probs else logits, draft_tokens, draft_probs, target_probs=logits if target_is_probs else None,
+        None if target_is_probs else logits, draft_tokens, draft_probs,
+        target_probs=logits if target_is_probs else None,
         uncond_logits=uncond, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None,
         top_p=top_p if top_p < 1.0 else None, min_p=min_p or None, rule=ref.RULES[rule], entropy_coef=entropy_coef,
         tvd_threshold=tvd_threshold, start=start, coupling=ref.COUPLINGS[coupling], positions=positions, seed=seed,
@@ -47,18 +48,11 @@ def _torch_backend(logits, draft_tokens, draft_probs, uncond, cfg_scale, tempera
 def _triton_backend(*args):
     from .triton_verify import verify_triton
 
-    return verify_triton(*_without_new_options(args, "triton"))
+    return verify_triton(*args)
 
 
 def _compiled_backend(*args):
     return tuple(torch.ops.csd_kernels.verify_rows(*args))
-
-
-def _without_new_options(args, backend):  # until every backend takes top_p, min_p and target_probs
-    if args[16:] != (1.0, 0.0, False):
-        raise NotImplementedError(f"backend {backend} does not take top_p / min_p / target_probs yet; use "
-                                  "backend='torch'")
-    return args[:16]
 
 
 _BACKEND_FUNCTIONS = {"torch": _torch_backend, "triton": _triton_backend, "cpu": _compiled_backend,
@@ -118,7 +112,8 @@ if compiled_extension() is not None:
 
     @torch.library.register_fake("csd_kernels::verify_rows")
     def _(target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule, entropy_coef,
-          tvd_threshold, start, coupling, positions, seed, offset, return_probs, top_p, min_p, target_is_probs):
+          tvd_threshold, start, coupling, positions, seed, offset, return_probs, top_p=1.0, min_p=0.0,
+          target_is_probs=False):  # the schema's defaults: the dispatcher may drop arguments equal to them
         return _fake_outputs(target_logits, return_probs)
 
 

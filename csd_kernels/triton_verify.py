@@ -21,6 +21,7 @@ the measured rate).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -132,6 +133,9 @@ def verify_triton(
     seed: torch.Tensor,
     offset: torch.Tensor,
     return_probs: bool,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    target_is_probs: bool = False,
 ):
     """Triton verification step on validated arguments (see module docstring); no host synchronisation.
 
@@ -156,14 +160,18 @@ def verify_triton(
         out["status"].zero_()
     else:
         greedy = temperature == 0
+        # top-k, top-p, min-p and target probabilities take the per-position paths
+        nucleus = dict(TOP_P=(not greedy) and top_p < 1.0, MIN_P=(not greedy) and min_p > 0.0,
+                       PROBS=bool(target_is_probs))
+        whole_row = ((not greedy) and 0 < top_k < V) or any(nucleus.values())
         has_q = draft_probs is not None
         seed, offset = seed.reshape(-1), offset.reshape(-1)
         flags = dict(HAS_UNCOND=uncond_logits is not None, HAS_Q=has_q, GREEDY=greedy,
                      CSD_RULE=int(rule) == 1, COUPLING=int(coupling), RETURN_PROBS=bool(return_probs),
                      PER_ROW_SEED=seed.numel() != 1)
         key = _launch_key((target_logits, uncond_logits, draft_probs, draft_tokens, start, positions, seed, offset),
-                          int(top_k), flags)
-        work = _workspace(key, B, L, V, (not greedy) and 0 < top_k < V, device)
+                          int(top_k), (flags, nucleus))
+        work = _workspace(key, B, L, V, whole_row, device)
         args = _Args(
             target_logits, uncond_logits if uncond_logits is not None else target_logits,
             draft_probs if has_q else out["ent"], draft_tokens, start.reshape(-1), positions.reshape(-1), seed, offset,
@@ -173,18 +181,22 @@ def verify_triton(
             scalars=(float(cfg_scale), _fp32(1.0 / temperature) if not greedy else 1.0),  # 1/T rounded once, as ref
             flags=flags,
         )
-        launch = _launch_split if work.plan.path == "split" else _launch_per_position
-        launch(work, key, args, out, int(top_k), float(entropy_coef), float(tvd_threshold))
+        if work.plan.path == "split":
+            _launch_split(work, key, args, out, int(top_k), float(entropy_coef), float(tvd_threshold))
+        else:
+            log_min_p = _fp32(math.log(min_p)) if min_p > 0 else float("-inf")  # ln rounded once, as the reference
+            _launch_per_position(work, key, args, out, int(top_k), float(entropy_coef), float(tvd_threshold),
+                                 (_fp32(top_p), log_min_p), nucleus)
     o = out
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
 
 
-def _launch_key(tensors: tuple, top_k: int, flags: dict) -> tuple:
+def _launch_key(tensors: tuple, top_k: int, flags: tuple) -> tuple:
     """What the launches are specialized on (see triton_launch): each input tensor's device, dtype, shape, strides
     and 16-byte alignment, the integer top_k and the constexpr flags; every other integer argument and every
     workspace pointer derives from these. A new integer or constexpr kernel argument must be added here."""
     specs = tuple(None if t is None else (t.device, t.dtype, t.shape, t.stride(), t.data_ptr() & 15) for t in tensors)
-    return specs, top_k, tuple(flags.values())
+    return specs, top_k, tuple(tuple(f.values()) for f in flags)
 
 
 @dataclass
@@ -257,13 +269,16 @@ def _outputs(out: dict, scratch: torch.Tensor) -> tuple:
     return (out["probs"], out["ent"], out["tvd"], out["acc"], out["dist"], scratch[0], scratch[1], scratch[2])
 
 
-def _launch_per_position(work: _Workspace, key, a: _Args, out, top_k, entropy_coef, tvd_threshold):
+def _launch_per_position(work: _Workspace, key, a: _Args, out, top_k, entropy_coef, tvd_threshold,
+                         nucleus_scalars=(1.0, float("-inf")), nucleus_flags=None):
     B, L, V = a.logits.shape
     chosen, scratch = work.plan, work.scratch
     kernel = register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel
     launch(kernel, (B * L,), key,
-           (*a.inputs(), *_outputs(out, scratch), L, V, *a.scalars, top_k, entropy_coef, tvd_threshold),
-           dict(TOP_K=(not a.flags["GREEDY"]) and 0 < top_k < V, BLOCK_V=chosen.block, **a.flags),
+           (*a.inputs(), *_outputs(out, scratch), L, V, *a.scalars, top_k, entropy_coef, tvd_threshold,
+            *nucleus_scalars),
+           dict(TOP_K=(not a.flags["GREEDY"]) and 0 < top_k < V, BLOCK_V=chosen.block, **a.flags,
+                **(nucleus_flags or {})),
            num_warps=chosen.num_warps, enable_fp_fusion=False)
     launch(common.finalize_kernel, (B,), key,
            (a.drafts, a.drafts.stride(0), a.drafts.stride(1), scratch[0], scratch[1], scratch[2],

@@ -69,6 +69,8 @@ def generate(
     cfg_scale: float = 5.0,
     temperature: float = 1.0,
     top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    min_p: Optional[float] = None,
     entropy_coef: float = 0.5,
     tvd_threshold: float = 0.65,
     draft_init: str = "uniform",
@@ -95,13 +97,15 @@ def generate(
     """
     batch = _check_prompt(input_ids, prompt_embeds)
     coupling = _check_args(mode, window, temperature, top_k, draft_init, coupling, max_lead)
+    _check_nucleus(top_p, min_p)
     adapter = get_adapter(model)
     device = adapter.device
     total = adapter.grid[0] * adapter.grid[1]
     window = 1 if mode == "ar" else min(window, total)
     run = Settings(mode, window, total, adapter.grid[1], adapter.vocab_size, cfg_scale, temperature, top_k,
                    entropy_coef, tvd_threshold, draft_init, coupling, backend, group_rank, group_delta,
-                   _row_seeds(seed, batch).to(device), temperature > 0 and mode in ("sjd", "csd", "gsd"))
+                   _row_seeds(seed, batch).to(device), temperature > 0 and mode in ("sjd", "csd", "gsd"),
+                   top_p=top_p, min_p=min_p)
     lead = DEFAULT_MAX_LEAD_FACTOR * window if max_lead is None else max_lead
     clock = _Clock(device, sync_timings)
 
@@ -184,6 +188,8 @@ def _row_seeds(seed, batch: int) -> torch.Tensor:
         seed = int(seed)
     if isinstance(seed, int):
         return torch.arange(batch, dtype=torch.int64) + seed
+    if isinstance(seed, (float, str, bytes)) or not isinstance(seed, (torch.Tensor, Sequence)):
+        raise ValueError(f"seed must be an int, a sequence of {batch} ints or an integer tensor, got {seed!r}")
     seeds = torch.as_tensor(list(seed) if not isinstance(seed, torch.Tensor) else seed, dtype=torch.int64).reshape(-1)
     if seeds.numel() != batch:
         raise ValueError(f"seed: expected an int or {batch} per-row seeds, got {seeds.numel()}")
@@ -215,6 +221,14 @@ def _prefill(adapter, input_ids, prompt_embeds, attention_mask, cfg: bool) -> in
     if not callable(getattr(adapter, "prefill_embeds", None)):
         raise ValueError(f"{type(adapter).__name__} takes input_ids, not prompt_embeds")
     return adapter.prefill_embeds(prompt_embeds, attention_mask, cfg)
+
+
+def _check_nucleus(top_p, min_p) -> None:
+    """top_p in (0, 1] and min_p in [0, 1] (or None), as verify takes them."""
+    for name, value, low_open in (("top_p", top_p, True), ("min_p", min_p, False)):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if value is not None and not (number and (0 < value <= 1 if low_open else 0 <= value <= 1)):
+            raise ValueError(f"{name} must be None or a number in {'(0, 1]' if low_open else '[0, 1]'}, got {value!r}")
 
 
 def _check_args(mode, window, temperature, top_k, draft_init, coupling, max_lead) -> str:
