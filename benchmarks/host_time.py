@@ -38,9 +38,12 @@ def _install_stub_driver():
         function = None
         packed_metadata = None
         launches = 0
+        record = None  # a list to append each launch's arguments to (tests)
 
         def run(self, *args):  # the launcher: grid, stream, function, metadata, hooks, *kernel args
             _StubKernel.launches += 1
+            if _StubKernel.record is not None:
+                _StubKernel.record.append(args)
 
         def launch_metadata(self, grid, stream, *args):
             return None

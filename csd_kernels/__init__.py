@@ -5,6 +5,6 @@ from .decoding import GenerateOutput, generate
 from .dispatch import available_backends
 from .ops import VerifyResult, verify
 
-__all__ = ["available_backends", "chain_speculative_sampling", "generate", "GenerateOutput", "rejection_sample", "verify",
-           "VerifyResult"]
+__all__ = ["available_backends", "chain_speculative_sampling", "generate", "GenerateOutput", "rejection_sample",
+           "verify", "VerifyResult"]
 __version__ = "0.1.0"

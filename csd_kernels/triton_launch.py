@@ -19,7 +19,7 @@ from triton.runtime import driver
 __all__ = ["launch", "clear"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-_COMPILED: dict = {}  # (kernel, key, device) -> (compiled kernel, constexpr values in parameter order)
+_COMPILED: dict = {}  # (id(kernel), key, device) -> (compiled kernel, constexpr values in parameter order)
 
 
 def launch(kernel, grid: tuple, key, args: tuple, constexprs: dict, **options) -> None:
@@ -32,13 +32,13 @@ def launch(kernel, grid: tuple, key, args: tuple, constexprs: dict, **options) -
         return
     active = driver.active
     device = active.get_current_device()
-    entry = _COMPILED.get((kernel, key, device))
+    entry = _COMPILED.get((id(kernel), key, device))  # hashing a JITFunction is not cheap
     if entry is None:
         compiled = kernel[grid](*args, **constexprs, **options)
         if compiled is not None:  # None: a jit_cache_hook took over
             params = kernel.params[len(args):]
             tail = tuple(constexprs[p.name] if p.name in constexprs else p.default for p in params)
-            _COMPILED[(kernel, key, device)] = (compiled, tail)
+            _COMPILED[(id(kernel), key, device)] = (compiled, tail)
         return
     compiled, tail = entry
     compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,

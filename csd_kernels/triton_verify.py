@@ -169,7 +169,7 @@ def verify_triton(
         flags = dict(HAS_UNCOND=uncond_logits is not None, HAS_Q=has_q, GREEDY=greedy,
                      CSD_RULE=int(rule) == 1, COUPLING=int(coupling), RETURN_PROBS=bool(return_probs),
                      PER_ROW_SEED=seed.numel() != 1)
-        key = _launch_key((target_logits, uncond_logits, draft_probs, draft_tokens, start, positions, seed, offset),
+        key = _launch_key(target_logits, uncond_logits, draft_probs, draft_tokens, start, positions, seed, offset,
                           int(top_k), (flags, nucleus))
         work = _workspace(key, B, L, V, whole_row, device)
         args = _Args(
@@ -191,12 +191,18 @@ def verify_triton(
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
 
 
-def _launch_key(tensors: tuple, top_k: int, flags: tuple) -> tuple:
-    """What the launches are specialized on (see triton_launch): each input tensor's device, dtype, shape, strides
-    and 16-byte alignment, the integer top_k and the constexpr flags; every other integer argument and every
-    workspace pointer derives from these. A new integer or constexpr kernel argument must be added here."""
-    specs = tuple(None if t is None else (t.device, t.dtype, t.shape, t.stride(), t.data_ptr() & 15) for t in tensors)
-    return specs, top_k, tuple(tuple(f.values()) for f in flags)
+def _launch_key(logits, uncond, q, drafts, start, positions, seed, offset, top_k: int, flags: tuple) -> tuple:
+    """What the launches are specialized on (see triton_launch), cheaply: the device, the float inputs' dtypes, the
+    strides of every input, the 16-byte alignment of every input pointer, the integer top_k and the constexpr flags.
+    Every other integer argument and every workspace pointer derives from these (ops.verify fixed the shapes of the
+    other inputs against target_logits, and start / positions / seed / offset are int64). A new integer or constexpr
+    kernel argument must be added here."""
+    aligned = tuple(t.data_ptr() & 15 for t in (logits, drafts, start, positions, seed, offset))
+    return (logits.device, logits.dtype, logits.shape, logits.stride(),
+            None if uncond is None else (uncond.dtype, uncond.stride(), uncond.data_ptr() & 15),
+            None if q is None else (q.stride(), q.data_ptr() & 15),
+            drafts.dtype, drafts.stride(), start.stride(), positions.stride(), seed.stride(), offset.stride(),
+            aligned, top_k, tuple(tuple(f.values()) for f in flags))
 
 
 @dataclass
@@ -208,6 +214,8 @@ class _Workspace:
     stats: Optional[torch.Tensor] = None  # split path: per-program statistics, sums, indices, counters
     sums: Optional[torch.Tensor] = None
     ints: Optional[torch.Tensor] = None
+    inputs: Optional[list] = None  # the shared leading kernel arguments of the key's first call (strides fixed)
+    consts: Optional[dict] = None  # the path's grids, workspace views and constexprs
 
 
 _WORKSPACES: dict = {}  # never evicted: a captured CUDA graph may still write a workspace it saw
@@ -253,59 +261,84 @@ class _Args:
     scalars: tuple  # cfg_scale, 1/T
     flags: dict  # the constexpr switches both paths share
 
-    def inputs(self) -> tuple:
-        """The leading kernel arguments both paths share, in kernel order."""
-        return (
-            self.logits, self.logits.stride(0), self.logits.stride(1),
-            self.uncond, self.uncond.stride(0), self.uncond.stride(1),
-            self.q, *self.q_strides,
-            self.drafts, self.drafts.stride(0), self.drafts.stride(1),
-            self.start, self.start.stride(0), self.positions, self.positions.stride(0),
-            self.seed, self.seed_stride, self.offset, self.offset_stride,
-        )
+    def inputs(self, work: _Workspace) -> list:
+        """The leading kernel arguments both paths share, in kernel order: the key's strides, this call's tensors."""
+        if work.inputs is None:
+            work.inputs = [
+                self.logits, self.logits.stride(0), self.logits.stride(1),
+                self.uncond, self.uncond.stride(0), self.uncond.stride(1),
+                self.q, *self.q_strides,
+                self.drafts, self.drafts.stride(0), self.drafts.stride(1),
+                self.start, self.start.stride(0), self.positions, self.positions.stride(0),
+                self.seed, self.seed_stride, self.offset, self.offset_stride,
+            ]
+        args = list(work.inputs)
+        args[0], args[3], args[6], args[10] = self.logits, self.uncond, self.q, self.drafts
+        args[13], args[15], args[17], args[19] = self.start, self.positions, self.seed, self.offset
+        return args
 
 
-def _outputs(out: dict, scratch: torch.Tensor) -> tuple:
-    return (out["probs"], out["ent"], out["tvd"], out["acc"], out["dist"], scratch[0], scratch[1], scratch[2])
+def _outputs(out: dict, scratch: tuple) -> tuple:
+    return (out["probs"], out["ent"], out["tvd"], out["acc"], out["dist"], *scratch)
 
 
 def _launch_per_position(work: _Workspace, key, a: _Args, out, top_k, entropy_coef, tvd_threshold,
                          nucleus_scalars=(1.0, float("-inf")), nucleus_flags=None):
     B, L, V = a.logits.shape
-    chosen, scratch = work.plan, work.scratch
-    kernel = register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel
-    launch(kernel, (B * L,), key,
-           (*a.inputs(), *_outputs(out, scratch), L, V, *a.scalars, top_k, entropy_coef, tvd_threshold,
+    c = work.consts
+    if c is None:
+        chosen = work.plan
+        c = work.consts = dict(
+            kernel=register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel,
+            scratch=tuple(work.scratch.unbind(0)), num_warps=chosen.num_warps,
+            constexprs=dict(TOP_K=(not a.flags["GREEDY"]) and 0 < top_k < V, BLOCK_V=chosen.block, **a.flags,
+                            **(nucleus_flags or {})),
+            finalize_constexprs=dict(BLOCK_L=max(16, _pow2(L))),
+            drafts_strides=(a.drafts.stride(0), a.drafts.stride(1)),
+        )
+    scratch = c["scratch"]
+    launch(c["kernel"], (B * L,), key,
+           (*a.inputs(work), *_outputs(out, scratch), L, V, *a.scalars, top_k, entropy_coef, tvd_threshold,
             *nucleus_scalars),
-           dict(TOP_K=(not a.flags["GREEDY"]) and 0 < top_k < V, BLOCK_V=chosen.block, **a.flags,
-                **(nucleus_flags or {})),
-           num_warps=chosen.num_warps, enable_fp_fusion=False)
+           c["constexprs"], num_warps=c["num_warps"], enable_fp_fusion=False)
     launch(common.finalize_kernel, (B,), key,
-           (a.drafts, a.drafts.stride(0), a.drafts.stride(1), scratch[0], scratch[1], scratch[2],
-            out["tokens"], out["accept_len"], out["status"], L, V),
-           dict(BLOCK_L=max(16, _pow2(L))), num_warps=1)
+           (a.drafts, *c["drafts_strides"], *scratch, out["tokens"], out["accept_len"], out["status"], L, V),
+           c["finalize_constexprs"], num_warps=1)
+
+
+def _split_constants(work: _Workspace, a: _Args) -> dict:
+    """What a split launch under this key always passes: grid, workspace views, strides, constexprs."""
+    B, L, V = a.logits.shape
+    chosen, flags = work.plan, a.flags
+    n_split = -(-V // chosen.block)
+    programs = B * L * n_split
+    ints = work.ints
+    return dict(
+        grid=(programs,), num_warps=chosen.num_warps, scratch=tuple(work.scratch.unbind(0)),
+        stats=(work.stats, ints[: 2 * programs], ints[3 * programs: 3 * programs + B * L], ints[3 * programs + B * L:]),
+        bad_q=ints[2 * programs: 3 * programs],
+        strides=(a.logits.stride(0), a.logits.stride(1), a.uncond.stride(0), a.uncond.stride(1),
+                 a.positions.stride(0)),
+        stats_constexprs=dict(HAS_UNCOND=flags["HAS_UNCOND"], GREEDY=flags["GREEDY"],
+                              GUMBEL=flags["COUPLING"] == 2 and not flags["GREEDY"],
+                              PER_ROW_SEED=flags["PER_ROW_SEED"], BLOCK_V=chosen.block),
+        finish_constexprs=dict(**flags, BLOCK_V=chosen.block, S_BLOCK=max(2, _pow2(n_split)),
+                               BLOCK_L=max(16, _pow2(L))),
+    )
 
 
 def _launch_split(work: _Workspace, key, a: _Args, out, top_k, entropy_coef, tvd_threshold):
     B, L, V = a.logits.shape
-    chosen, scratch = work.plan, work.scratch
-    n_split = -(-V // chosen.block)
-    programs = B * L * n_split
-    stats, sums, ints = work.stats, work.sums, work.ints
-    index, bad_q = ints[: 2 * programs], ints[2 * programs: 3 * programs]
-    position_count, row_count = ints[3 * programs: 3 * programs + B * L], ints[3 * programs + B * L:]
-    flags = a.flags
-    launch(split.split_stats_kernel, (programs,), key,
-           (a.logits, a.logits.stride(0), a.logits.stride(1), a.uncond, a.uncond.stride(0), a.uncond.stride(1),
-            a.positions, a.positions.stride(0), a.seed, a.seed_stride,
+    c = work.consts
+    if c is None:
+        c = work.consts = _split_constants(work, a)
+    (s_cb, s_cl, s_ub, s_ul, s_pos), (stats, index, position_count, row_count) = c["strides"], c["stats"]
+    launch(split.split_stats_kernel, c["grid"], key,
+           (a.logits, s_cb, s_cl, a.uncond, s_ub, s_ul, a.positions, s_pos, a.seed, a.seed_stride,
             stats, index, position_count, row_count, L, V, *a.scalars),
-           dict(HAS_UNCOND=flags["HAS_UNCOND"], GREEDY=flags["GREEDY"],
-                GUMBEL=flags["COUPLING"] == 2 and not flags["GREEDY"], PER_ROW_SEED=flags["PER_ROW_SEED"],
-                BLOCK_V=chosen.block),
-           num_warps=chosen.num_warps, enable_fp_fusion=False)
-    launch(split.split_finish_kernel, (programs,), key,
-           (*a.inputs(), *_outputs(out, scratch),
-            stats, index, sums, bad_q, position_count, row_count, out["tokens"], out["accept_len"], out["status"],
-            L, V, *a.scalars, entropy_coef, tvd_threshold),
-           dict(**flags, BLOCK_V=chosen.block, S_BLOCK=max(2, _pow2(n_split)), BLOCK_L=max(16, _pow2(L))),
-           num_warps=chosen.num_warps, enable_fp_fusion=False)
+           c["stats_constexprs"], num_warps=c["num_warps"], enable_fp_fusion=False)
+    launch(split.split_finish_kernel, c["grid"], key,
+           (*a.inputs(work), *_outputs(out, c["scratch"]),
+            stats, index, work.sums, c["bad_q"], position_count, row_count, out["tokens"], out["accept_len"],
+            out["status"], L, V, *a.scalars, entropy_coef, tvd_threshold),
+           c["finish_constexprs"], num_warps=c["num_warps"], enable_fp_fusion=False)
