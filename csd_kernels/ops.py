@@ -45,10 +45,10 @@ def _torch_backend(logits, draft_tokens, draft_probs, uncond, cfg_scale, tempera
     return out.accept_len, out.tokens, probs, out.entropy, out.tvd, out.accept_prob, out.distortion, out.status
 
 
-def _triton_backend(*args):
+def _triton_backend(*args, packed_outputs=False):
     from .triton_verify import verify_triton
 
-    return verify_triton(*args)
+    return verify_triton(*args, packed_outputs=packed_outputs)
 
 
 def _compiled_backend(*args):
@@ -285,7 +285,8 @@ def verify(
         outputs = _verify_op(*args, chosen)  # the registered op: traced through its fake implementation
     else:
         with torch.no_grad():  # eager: the same implementation without the dispatcher's per-call cost
-            outputs = _BACKEND_FUNCTIONS[chosen](*args)
+            outputs = _triton_backend(*args, packed_outputs=True) if chosen == "triton" else \
+                _BACKEND_FUNCTIONS[chosen](*args)  # eager outputs may share storage (fewer allocations)
     result = VerifyResult(*outputs)
     if not return_probs:
         result.probs = None

@@ -136,25 +136,20 @@ def verify_triton(
     top_p: float = 1.0,
     min_p: float = 0.0,
     target_is_probs: bool = False,
+    packed_outputs: bool = False,
 ):
     """Triton verification step on validated arguments (see module docstring); no host synchronisation.
 
     Returns (accept_len int32 [B], tokens int64 [B, L], probs float32 [B, L, V] or an empty (0,) tensor,
     entropy, tvd, accept_prob, distortion float32 [B, L], status int32 [B]).
+    ``packed_outputs``: the four [B, L] statistics are views of one allocation and accept_len / status of another
+    (fewer allocations per eager call); the registered op keeps them separate (its outputs may not alias).
     """
     if triton is None:  # pragma: no cover
         raise RuntimeError(f"triton is not importable ({_TRITON_ERROR})")
     B, L, V = target_logits.shape
     device = target_logits.device
-    f32 = dict(dtype=torch.float32, device=device)
-    i32 = dict(dtype=torch.int32, device=device)
-    # the outputs are separate tensors: a custom op's outputs may not alias one another
-    out = dict(
-        probs=torch.empty((B, L, V) if return_probs else (0,), **f32),
-        ent=torch.empty((B, L), **f32), tvd=torch.empty((B, L), **f32), acc=torch.empty((B, L), **f32),
-        dist=torch.empty((B, L), **f32), tokens=torch.empty((B, L), dtype=torch.int64, device=device),
-        accept_len=torch.empty((B,), **i32), status=torch.empty((B,), **i32),
-    )
+    out = _allocate_outputs(B, L, V, device, return_probs, packed_outputs)
     if B * L == 0:
         out["accept_len"].fill_(L)
         out["status"].zero_()
@@ -189,6 +184,21 @@ def verify_triton(
                                  (_fp32(top_p), log_min_p), nucleus)
     o = out
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
+
+
+def _allocate_outputs(B: int, L: int, V: int, device: torch.device, return_probs: bool, packed: bool) -> dict:
+    f32 = dict(dtype=torch.float32, device=device)
+    i32 = dict(dtype=torch.int32, device=device)
+    out = dict(probs=torch.empty((B, L, V) if return_probs else (0,), **f32),
+               tokens=torch.empty((B, L), dtype=torch.int64, device=device))
+    if packed:
+        out["ent"], out["tvd"], out["acc"], out["dist"] = torch.empty((4, B, L), **f32)
+        out["accept_len"], out["status"] = torch.empty((2, B), **i32)
+    else:  # a custom op's outputs may not alias one another
+        out.update(ent=torch.empty((B, L), **f32), tvd=torch.empty((B, L), **f32), acc=torch.empty((B, L), **f32),
+                   dist=torch.empty((B, L), **f32), accept_len=torch.empty((B,), **i32),
+                   status=torch.empty((B,), **i32))
+    return out
 
 
 def _launch_key(logits, uncond, q, drafts, start, positions, seed, offset, top_k: int, flags: tuple) -> tuple:
