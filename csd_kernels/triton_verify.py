@@ -24,7 +24,7 @@ import functools
 import math
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -177,10 +177,10 @@ def verify_triton(
             flags=flags,
         )
         if work.plan.path == "split":
-            _launch_split(work, key, args, out, int(top_k), float(entropy_coef), float(tvd_threshold))
+            _launch_split(work, args, out, int(top_k), float(entropy_coef), float(tvd_threshold))
         else:
             log_min_p = _fp32(math.log(min_p)) if min_p > 0 else float("-inf")  # ln rounded once, as the reference
-            _launch_per_position(work, key, args, out, int(top_k), float(entropy_coef), float(tvd_threshold),
+            _launch_per_position(work, args, out, int(top_k), float(entropy_coef), float(tvd_threshold),
                                  (_fp32(top_p), log_min_p), nucleus)
     o = out
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
@@ -192,8 +192,8 @@ def _allocate_outputs(B: int, L: int, V: int, device: torch.device, return_probs
     out = dict(probs=torch.empty((B, L, V) if return_probs else (0,), **f32),
                tokens=torch.empty((B, L), dtype=torch.int64, device=device))
     if packed:
-        out["ent"], out["tvd"], out["acc"], out["dist"] = torch.empty((4, B, L), **f32)
-        out["accept_len"], out["status"] = torch.empty((2, B), **i32)
+        out["ent"], out["tvd"], out["acc"], out["dist"] = torch.empty((4, B, L), **f32).unbind(0)
+        out["accept_len"], out["status"] = torch.empty((2, B), **i32).unbind(0)
     else:  # a custom op's outputs may not alias one another
         out.update(ent=torch.empty((B, L), **f32), tvd=torch.empty((B, L), **f32), acc=torch.empty((B, L), **f32),
                    dist=torch.empty((B, L), **f32), accept_len=torch.empty((B,), **i32),
@@ -226,6 +226,7 @@ class _Workspace:
     ints: Optional[torch.Tensor] = None
     inputs: Optional[list] = None  # the shared leading kernel arguments of the key's first call (strides fixed)
     consts: Optional[dict] = None  # the path's grids, workspace views and constexprs
+    kernels: dict = field(default_factory=dict)  # the compiled kernels of this key (triton_launch.launch's cache)
 
 
 _WORKSPACES: dict = {}  # never evicted: a captured CUDA graph may still write a workspace it saw
@@ -292,7 +293,7 @@ def _outputs(out: dict, scratch: tuple) -> tuple:
     return (out["probs"], out["ent"], out["tvd"], out["acc"], out["dist"], *scratch)
 
 
-def _launch_per_position(work: _Workspace, key, a: _Args, out, top_k, entropy_coef, tvd_threshold,
+def _launch_per_position(work: _Workspace, a: _Args, out, top_k, entropy_coef, tvd_threshold,
                          nucleus_scalars=(1.0, float("-inf")), nucleus_flags=None):
     B, L, V = a.logits.shape
     c = work.consts
@@ -307,11 +308,11 @@ def _launch_per_position(work: _Workspace, key, a: _Args, out, top_k, entropy_co
             drafts_strides=(a.drafts.stride(0), a.drafts.stride(1)),
         )
     scratch = c["scratch"]
-    launch(c["kernel"], (B * L,), key,
+    launch(c["kernel"], (B * L,), work.kernels,
            (*a.inputs(work), *_outputs(out, scratch), L, V, *a.scalars, top_k, entropy_coef, tvd_threshold,
             *nucleus_scalars),
            c["constexprs"], num_warps=c["num_warps"], enable_fp_fusion=False)
-    launch(common.finalize_kernel, (B,), key,
+    launch(common.finalize_kernel, (B,), work.kernels,
            (a.drafts, *c["drafts_strides"], *scratch, out["tokens"], out["accept_len"], out["status"], L, V),
            c["finalize_constexprs"], num_warps=1)
 
@@ -337,17 +338,17 @@ def _split_constants(work: _Workspace, a: _Args) -> dict:
     )
 
 
-def _launch_split(work: _Workspace, key, a: _Args, out, top_k, entropy_coef, tvd_threshold):
+def _launch_split(work: _Workspace, a: _Args, out, top_k, entropy_coef, tvd_threshold):
     B, L, V = a.logits.shape
     c = work.consts
     if c is None:
         c = work.consts = _split_constants(work, a)
     (s_cb, s_cl, s_ub, s_ul, s_pos), (stats, index, position_count, row_count) = c["strides"], c["stats"]
-    launch(split.split_stats_kernel, c["grid"], key,
+    launch(split.split_stats_kernel, c["grid"], work.kernels,
            (a.logits, s_cb, s_cl, a.uncond, s_ub, s_ul, a.positions, s_pos, a.seed, a.seed_stride,
             stats, index, position_count, row_count, L, V, *a.scalars),
            c["stats_constexprs"], num_warps=c["num_warps"], enable_fp_fusion=False)
-    launch(split.split_finish_kernel, c["grid"], key,
+    launch(split.split_finish_kernel, c["grid"], work.kernels,
            (*a.inputs(work), *_outputs(out, c["scratch"]),
             stats, index, work.sums, c["bad_q"], position_count, row_count, out["tokens"], out["accept_len"],
             out["status"], L, V, *a.scalars, entropy_coef, tvd_threshold),
