@@ -160,7 +160,8 @@ def verify_triton(
                        PROBS=bool(target_is_probs))
         whole_row = ((not greedy) and 0 < top_k < V) or any(nucleus.values())
         has_q = draft_probs is not None
-        seed, offset = seed.reshape(-1), offset.reshape(-1)
+        seed, offset, start, positions = (t if t.dim() == 1 else t.reshape(-1)  # ops.verify gives [B] or [1]
+                                          for t in (seed, offset, start, positions))
         flags = dict(HAS_UNCOND=uncond_logits is not None, HAS_Q=has_q, GREEDY=greedy,
                      CSD_RULE=int(rule) == 1, COUPLING=int(coupling), RETURN_PROBS=bool(return_probs),
                      PER_ROW_SEED=seed.numel() != 1)
@@ -169,7 +170,7 @@ def verify_triton(
         work = _workspace(key, B, L, V, whole_row, device)
         args = _Args(
             target_logits, uncond_logits if uncond_logits is not None else target_logits,
-            draft_probs if has_q else out["ent"], draft_tokens, start.reshape(-1), positions.reshape(-1), seed, offset,
+            draft_probs if has_q else out["ent"], draft_tokens, start, positions, seed, offset,
             q_strides=tuple(draft_probs.stride()) if has_q else (0, 0, 0),
             seed_stride=seed.stride(0) if seed.numel() != 1 else 0,
             offset_stride=offset.stride(0) if offset.numel() != 1 else 0,
