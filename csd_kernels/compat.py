@@ -106,9 +106,9 @@ def chain_speculative_sampling(
     the call CUDA-graph safe); without a seed, one is drawn on the host from ``generator``. The result is always
     deterministic for a given seed, offset and input (``deterministic`` is accepted and ignored).
     Differences from FlashInfer: a draft with q(x) = 0 is rejected (FlashInfer accepts it when p(x) > 0); a draft
-    token −1 means "no draft" (the position is sampled from the target and ends the chain); target_probs rows are
-    taken as given (see ``verify(target_probs=)``). ``validate=True`` raises ValueError on bad input (one host sync);
-    ``validate=False`` never syncs.
+    token −1 means "no draft" (the position is sampled from the target and ends the chain); rows of target_probs and
+    draft_probs must sum to 1 within 1e-3 (target rows are renormalised, see ``verify(target_probs=)``).
+    ``validate=True`` raises ValueError on bad input (one host sync); ``validate=False`` never syncs.
 
     Shape: draft_probs [B, n, V] float32 (or [B, n + 1, V]: the last row is then used as is, without a copy),
     draft_token_ids [B, n] int, target_probs [B, n + 1, V].
