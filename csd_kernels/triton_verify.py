@@ -86,6 +86,7 @@ def register_num_warps(block: int) -> int:
     return 4 if block <= 1024 else 8 if block <= 2048 else 16
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of its arguments, asked on every call
 def plan(positions: int, vocab: int, top_k: bool, sm_count: int = REFERENCE_SM_COUNT) -> Plan:
     """The path for ``positions`` = B·L rows of ``vocab`` tokens (``top_k``: a top-k restriction is active).
 
@@ -241,13 +242,15 @@ def _stream(device: torch.device) -> int:
 
 
 def _workspace(key: tuple, B: int, L: int, V: int, top_k: bool, device: torch.device) -> _Workspace:
-    """The cached workspace of ``key`` on the current stream (a stream's launches run in order, so one buffer per
-    stream is never read and written by two calls at once)."""
+    """The cached workspace of ``key`` and its plan on the current stream (a stream's launches run in order, so one
+    buffer per stream is never read and written by two calls at once). The plan is asked every call, so that a
+    replaced ``plan`` (the tests force each path) gets its own workspace and kernels."""
+    chosen = plan(B * L, V, top_k, _sm_count(device))
     stream = _stream(device)
-    work = _WORKSPACES.get((key, stream))
+    work = _WORKSPACES.get((key, chosen, stream))
     if work is None:
-        chosen = plan(B * L, V, top_k, _sm_count(device))
-        work = _WORKSPACES[(key, stream)] = _Workspace(chosen, torch.empty((3, B, L), dtype=torch.int32, device=device))
+        work = _WORKSPACES[(key, chosen, stream)] = _Workspace(chosen, torch.empty((3, B, L), dtype=torch.int32,
+                                                                                   device=device))
         if chosen.path == "split":
             programs = B * L * -(-V // chosen.block)
             assert split.N_STATS.value == split.N_SUMS.value

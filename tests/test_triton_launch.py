@@ -71,3 +71,25 @@ def test_direct_launch_passes_what_tritons_binder_passes():
     result = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+def test_a_replaced_plan_gets_its_own_workspace(monkeypatch):
+    """The workspace cache is keyed by the plan too: forcing a path (as tests/test_triton_kernel.py does) after a call
+    of the same shape must run that path, not the cached one."""
+    from csd_kernels import testing
+    from csd_kernels import triton_verify as tv
+
+    if not tv.is_available("cpu")[0]:
+        pytest.skip("the triton interpreter is off")
+    case = testing.make_case(1, 2, 64, cfg=False, q="dense", seed=0)
+    args = (case["target_logits"], case["draft_tokens"], case["draft_probs"], None, 1.0, 1.0, 0, 0, 0.5, 0.65,
+            case["start"], 0, case["positions"], case["seed"], case["offset"], False)
+    launched = []
+    launch = tv.launch
+    monkeypatch.setattr(tv, "launch", lambda kernel, *a, **k: (launched.append(kernel), launch(kernel, *a, **k)))
+    tv.verify_triton(*args)
+    assert launched[0] is tv.split.split_stats_kernel
+    launched.clear()
+    monkeypatch.setattr(tv, "plan", lambda *a, **k: tv.Plan("register", 64, 4))
+    tv.verify_triton(*args)
+    assert launched[0] is tv.register.position_kernel
