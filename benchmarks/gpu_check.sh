@@ -6,6 +6,7 @@
 #   agreement  token agreement Triton vs CUDA vs C++ CPU over 2^20 positions at V=4096, Triton vs CUDA at V=16384
 #   timing     CUDA-graph device time per call against read-once and the HBM floor (benchmarks/gpu_timing.py)
 #   bench      the verify benchmark (benchmarks/bench_verify.py: wall time, vs the authors' loop)
+#   host       host time of one eager Triton call (benchmarks/host_time.py --cuda: 1000 calls, validate=False)
 #   sanitize   compute-sanitizer memcheck / racecheck / synccheck over benchmarks/gpu_sanitize.py
 # Usage: bash benchmarks/gpu_check.sh [OUT_DIR] [STAGE ...]   (default: every stage; results land in OUT_DIR,
 # default benchmarks/results/gpu)
@@ -13,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-benchmarks/results/gpu}"
 shift || true
-stages="${*:-build tests agreement timing bench sanitize}"
+stages="${*:-build tests agreement timing bench host sanitize}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 failed=()
@@ -57,6 +58,7 @@ run_stage tests 300 gpu_tests
 run_stage agreement 180 agreement
 run_stage timing 240 python3 benchmarks/gpu_timing.py --sweep --out "$out"
 run_stage bench 180 python3 benchmarks/bench_verify.py --device cuda --out "$out"
+run_stage host 120 python3 benchmarks/host_time.py --cuda --calls 1000 --out "$out"
 run_stage sanitize 300 sanitize
 echo "failed stages: ${failed[*]:-none}"
 [ ${#failed[@]} -eq 0 ]

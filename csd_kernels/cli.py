@@ -52,8 +52,8 @@ COMPARE_RUNS = [
 _CLI_EXTRAS = ("transformers", "safetensors", "tqdm", "PIL", "matplotlib", "sklearn")  # setup.py's [cli] extra
 _MODEL_OPTIONS = ("weights", "config", "vq", "image_size", "size", "dtype")  # zoo.load keywords, one flag each
 # generate() keywords taken from the command line; unset ones fall back to the model's defaults
-_GENERATE_OPTIONS = ("window", "cfg_scale", "temperature", "top_k", "entropy_coef", "tvd_threshold", "draft_init",
-                     "backend")
+_GENERATE_OPTIONS = ("window", "cfg_scale", "temperature", "top_k", "top_p", "min_p", "entropy_coef", "tvd_threshold",
+                     "draft_init", "backend")
 # generate() keywords that are no setting of a run (the inputs, and what does not change the images)
 _NOT_SETTINGS = ("prompt_embeds", "attention_mask", "mode", "seed", "progress", "sync_timings")
 
@@ -440,6 +440,11 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
                                                                 model("temperature")))
     parser.add_argument("--top-k", dest="top_k", type=int,
                         help=_help("top_k", "sample from the k most likely tokens", "the model's, else all"))
+    parser.add_argument("--top-p", dest="top_p", type=float,
+                        help=_help("top_p", "nucleus sampling: the smallest set of most likely tokens holding this "
+                                   "much probability", "off"))
+    parser.add_argument("--min-p", dest="min_p", type=float,
+                        help=_help("min_p", "keep tokens with p >= min_p * max p", "off"))
     parser.add_argument("--entropy-coef", dest="entropy_coef", type=float,
                         help=_help("entropy_coef", "CSD λ: acceptance bonus per nat of entropy", model("entropy_coef")))
     parser.add_argument("--tvd-threshold", dest="tvd_threshold", type=float,

@@ -67,6 +67,8 @@ def grouped_verify(
     cfg_scale: float = 1.0,
     temperature: float = 1.0,
     top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    min_p: Optional[float] = None,
     group_rank: int = DEFAULT_GROUP_RANK,
     group_delta: float = DEFAULT_GROUP_DELTA,
     start: torch.Tensor,
@@ -80,7 +82,8 @@ def grouped_verify(
     residual differ. Shape: target_logits [B, L, V], draft_tokens [B, L], draft_probs [B, L, V] or None,
     seed [1] or [B], offset [1] or [B] (per-row step-stream offsets, as in the reference)."""
     length, vocab = target_logits.shape[1:]
-    target = ref.target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, torch.float32)
+    target = ref.target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, torch.float32, top_p,
+                                     min_p)
     drafts = ref.draft_distribution(draft_tokens, draft_probs, vocab, torch.float32)
     p, q, index = target.p, drafts.q, drafts.token.clamp(min=0)[..., None]
     a = group_acceptance(p, q, group_rank, group_delta)  # [B, L, V]

@@ -31,21 +31,24 @@ SeedLike = Union[int, torch.Tensor]
 # Backends behind one op
 # ----------------------------------------------------------------------------------------------------------------------
 def _torch_backend(logits, draft_tokens, draft_probs, uncond, cfg_scale, temperature, top_k, rule, entropy_coef,
-                   tvd_threshold, start, coupling, positions, seed, offset, return_probs):
+                   tvd_threshold, start, coupling, positions, seed, offset, return_probs, top_p=1.0, min_p=0.0,
+                   target_is_probs=False):
     out = ref.verify(
-        logits, draft_tokens, draft_probs, uncond_logits=uncond, cfg_scale=cfg_scale, temperature=temperature,
-        top_k=top_k or None, rule=ref.RULES[rule], entropy_coef=entropy_coef, tvd_threshold=tvd_threshold,
-        start=start, coupling=ref.COUPLINGS[coupling], positions=positions, seed=seed, offset=offset,
-        return_probs=return_probs,
+        None if target_is_probs else logits, draft_tokens, draft_probs,
+        target_probs=logits if target_is_probs else None,
+        uncond_logits=uncond, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None,
+        top_p=top_p if top_p < 1.0 else None, min_p=min_p or None, rule=ref.RULES[rule], entropy_coef=entropy_coef,
+        tvd_threshold=tvd_threshold, start=start, coupling=ref.COUPLINGS[coupling], positions=positions, seed=seed,
+        offset=offset, return_probs=return_probs,
     )
     probs = out.probs if return_probs else logits.new_empty((0,), dtype=torch.float32)
     return out.accept_len, out.tokens, probs, out.entropy, out.tvd, out.accept_prob, out.distortion, out.status
 
 
-def _triton_backend(*args):
+def _triton_backend(*args, packed_outputs=False):
     from .triton_verify import verify_triton
 
-    return verify_triton(*args)
+    return verify_triton(*args, packed_outputs=packed_outputs)
 
 
 def _compiled_backend(*args):
@@ -74,12 +77,15 @@ def _verify_op(
     seed: torch.Tensor,
     offset: torch.Tensor,
     return_probs: bool,
+    top_p: float,
+    min_p: float,
+    target_is_probs: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,  # the 8 fields of VerifyResult, in order
            torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     outputs = _BACKEND_FUNCTIONS[backend](
         target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule, entropy_coef,
-        tvd_threshold, start, coupling, positions, seed, offset, return_probs,
+        tvd_threshold, start, coupling, positions, seed, offset, return_probs, top_p, min_p, target_is_probs,
     )
     return tuple(outputs)
 
@@ -98,7 +104,7 @@ def _fake_outputs(target_logits: torch.Tensor, return_probs: bool):
 
 @_verify_op.register_fake
 def _(target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule, entropy_coef,
-      tvd_threshold, start, coupling, positions, seed, offset, return_probs, backend):
+      tvd_threshold, start, coupling, positions, seed, offset, return_probs, top_p, min_p, target_is_probs, backend):
     return _fake_outputs(target_logits, return_probs)
 
 
@@ -106,7 +112,8 @@ if compiled_extension() is not None:
 
     @torch.library.register_fake("csd_kernels::verify_rows")
     def _(target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule, entropy_coef,
-          tvd_threshold, start, coupling, positions, seed, offset, return_probs):
+          tvd_threshold, start, coupling, positions, seed, offset, return_probs, top_p=1.0, min_p=0.0,
+          target_is_probs=False):  # the schema's defaults: the dispatcher may drop arguments equal to them
         return _fake_outputs(target_logits, return_probs)
 
 
@@ -120,13 +127,16 @@ def _check_real(name: str, value, low: float = -math.inf, high: float = math.inf
     return float(value)
 
 
-def _index_tensor(name: str, value, batch: int, device: torch.device, default: int = 0) -> torch.Tensor:
-    """[B] int64 on ``device`` from None, an int, or an integer tensor of shape [], [1] or [B]."""
+def _index_tensor(name: str, value, batch: int, device: torch.device, default: int = 0,
+                  high: int = (1 << 63) - 1) -> torch.Tensor:
+    """[B] int64 on ``device`` from None, an int in [0, high], or an integer tensor of shape [], [1] or [B]."""
     if value is None:
         value = default
     if isinstance(value, bool) or not isinstance(value, (int, torch.Tensor)):
         raise ValueError(f"{name} must be an int or an integer tensor of shape [B], got {type(value).__name__}")
     if isinstance(value, int):
+        if not 0 <= value <= high:
+            raise ValueError(f"{name} must lie in [0, {high}], got {value}")
         if value == 0 and not torch.compiler.is_compiling():
             return _zeros(batch, device)
         return torch.full((batch,), value, dtype=torch.int64, device=device)
@@ -160,15 +170,15 @@ def _philox_word(name: str, value: SeedLike, device: torch.device, *, allow_per_
     return value.reshape(-1).to(device)
 
 
-def _check_logits(name: str, tensor, shape=None) -> torch.Tensor:
+def _check_logits(name: str, tensor, shape=None, dtypes=_FLOAT_DTYPES) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{name} must be a tensor, got {type(tensor).__name__}")
     if tensor.dim() != 3:
         raise ValueError(f"{name} must have shape [B, L, V], got {tuple(tensor.shape)}")
     if shape is not None and tuple(tensor.shape) != shape:
         raise ValueError(f"{name} must have the shape of target_logits {shape}, got {tuple(tensor.shape)}")
-    if tensor.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"{name} must be float32, bfloat16 or float16, got {tensor.dtype}")
+    if tensor.dtype not in dtypes:
+        raise ValueError(f"{name} must be {', '.join(str(d).split('.')[-1] for d in dtypes)}, got {tensor.dtype}")
     if min(tensor.shape) < 1:
         raise ValueError(f"{name} must be non-empty, got shape {tuple(tensor.shape)}")
     return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
@@ -180,30 +190,39 @@ def _check_device(name: str, tensor: Optional[torch.Tensor], device: torch.devic
 
 
 _STATUS_MESSAGES = (
-    (ref.STATUS_BAD_LOGITS, "target_logits/uncond_logits contain NaN or ±Inf (or overflow when mixed by cfg_scale)"),
+    (ref.STATUS_BAD_LOGITS, "target_logits/uncond_logits contain NaN or +Inf, overflow when mixed by cfg_scale, or "
+                            "leave a position with no finite logit (-inf alone masks a token)"),
     (ref.STATUS_BAD_DRAFT_TOKEN, "draft_tokens must lie in [-1, V)"),
-    (ref.STATUS_BAD_DRAFT_PROBS, "draft_probs must be finite and non-negative"),
+    (ref.STATUS_BAD_DRAFT_PROBS, f"draft_probs must be finite, non-negative and sum to 1 within "
+                                 f"{ref.PROB_SUM_TOLERANCE:g} per position"),
     (ref.STATUS_MISSING_COMMITTED_TOKEN,
      "draft_tokens is -1 at a position before start (a committed position needs its token)"),
 )
+_BAD_TARGET_PROBS = (f"target_probs must be finite, non-negative and sum to 1 within {ref.PROB_SUM_TOLERANCE:g} per "
+                     "position (rows are renormalised within that tolerance)")
 
 
-def _raise_for_status(status: list[int]) -> None:
+def _raise_for_status(status: list[int], target_is_probs: bool = False) -> None:
     for bit, message in _STATUS_MESSAGES:
+        if bit == ref.STATUS_BAD_LOGITS and target_is_probs:
+            message = _BAD_TARGET_PROBS
         rows = [row for row, flags in enumerate(status) if flags & bit]
         if rows:
             raise ValueError(f"{message}: rows {rows[:8]}{' ...' if len(rows) > 8 else ''}")
 
 
 def verify(
-    target_logits: torch.Tensor,
-    draft_tokens: torch.Tensor,
+    target_logits: Optional[torch.Tensor] = None,
+    draft_tokens: Optional[torch.Tensor] = None,
     draft_probs: Optional[torch.Tensor] = None,
     *,
+    target_probs: Optional[torch.Tensor] = None,
     uncond_logits: Optional[torch.Tensor] = None,
     cfg_scale: float = 1.0,
     temperature: float = 1.0,
     top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    min_p: Optional[float] = None,
     rule: str = "csd",
     entropy_coef: float = 0.5,
     tvd_threshold: float = 0.65,
@@ -224,8 +243,14 @@ def verify(
     coupling: how the positions after accept_len get their next draft: "independent" (a fresh draw from p),
     "maximal" (the draft kept with probability min(1, p/q), else the residual draw) or "gumbel" (argmax z + G).
     (``mode=`` and ``next_drafts=`` are deprecated names of ``rule=`` and ``coupling=``.)
+    A −inf logit (in target_logits or uncond_logits) masks its token: p = 0 there, and a masked draft is rejected.
+    top_k / top_p / min_p restrict p (in that order; ties at a threshold are kept), see docs/op-semantics.md.
+    target_probs: the target distribution instead of target_logits (exactly one of the two; then no uncond_logits,
+    cfg_scale, temperature or top-k / top-p / min-p): rows must sum to 1 within reference.PROB_SUM_TOLERANCE and are
+    renormalised. draft_probs rows must sum to 1 within the same tolerance (else status STATUS_BAD_DRAFT_PROBS).
 
-    Shape: target_logits [B, L, V] (float32/bfloat16/float16, any strides on B and L), draft_tokens [B, L] int
+    Shape: target_logits [B, L, V] (float32/bfloat16/float16, any strides on B and L) or target_probs [B, L, V]
+    float32, draft_tokens [B, L] int32 or int64
     (-1 = no draft), draft_probs [B, L, V] float32 or None (one-hot drafts; strides may be 0 for a uniform q),
     uncond_logits like target_logits, start and positions [B] int (or an int for all rows),
     seed an int in [0, 2^64) or an int64 tensor of 1 or B elements (B: one seed per row), offset an int in [0, 2^63)
@@ -237,31 +262,63 @@ def verify(
     syncs and bad rows are only reported in ``status`` (their tokens are still in range).
     """
     rule, coupling = _renamed(deprecated, rule, coupling)
+    target_is_probs = target_probs is not None
+    target_logits = _one_target(target_logits, target_probs, uncond_logits, cfg_scale, temperature, top_k, top_p,
+                                min_p)
     target_logits, draft_tokens, draft_probs, uncond_logits = _check_tensors(target_logits, draft_tokens, draft_probs,
-                                                                             uncond_logits)
+                                                                             uncond_logits, target_is_probs)
     batch, length, vocab = target_logits.shape
     device = target_logits.device
     scalars = _check_scalars(uncond_logits is not None, cfg_scale, temperature, top_k, rule, entropy_coef,
                              tvd_threshold, coupling)
-    start = _index_tensor("start", start, batch, device)
+    top_p, min_p = _check_nucleus(top_p, min_p)
+    start = _index_tensor("start", start, batch, device, high=length)
     positions = _index_tensor("positions", positions, batch, device)
     seed = _philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64)
     offset = _philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63)
     cfg_scale, temperature, top_k, rule_code, entropy_coef, tvd_threshold, coupling_code = scalars
     args = (target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule_code,
-            entropy_coef, tvd_threshold, start, coupling_code, positions, seed, offset, return_probs)
+            entropy_coef, tvd_threshold, start, coupling_code, positions, seed, offset, return_probs, top_p, min_p,
+            target_is_probs)
     chosen = select_backend(backend, device)
     if torch.compiler.is_compiling():
         outputs = _verify_op(*args, chosen)  # the registered op: traced through its fake implementation
     else:
         with torch.no_grad():  # eager: the same implementation without the dispatcher's per-call cost
-            outputs = _BACKEND_FUNCTIONS[chosen](*args)
+            outputs = _triton_backend(*args, packed_outputs=True) if chosen == "triton" else \
+                _BACKEND_FUNCTIONS[chosen](*args)  # eager outputs may share storage (fewer allocations)
     result = VerifyResult(*outputs)
     if not return_probs:
         result.probs = None
     if validate:
-        _validate(result, start, batch)
+        _validate(result, start, batch, length, target_is_probs)
     return result
+
+
+def _one_target(target_logits, target_probs, uncond_logits, cfg_scale, temperature, top_k, top_p, min_p):
+    """The tensor that holds the target (logits or probabilities); exactly one of the two, and probabilities come
+    with none of the options that act on logits."""
+    if (target_logits is None) == (target_probs is None):
+        raise ValueError("give exactly one of target_logits and target_probs")
+    if target_probs is None:
+        return target_logits
+    options = dict(uncond_logits=uncond_logits is not None, cfg_scale=cfg_scale != 1.0, temperature=temperature != 1.0,
+                   top_k=top_k is not None, top_p=top_p is not None, min_p=min_p is not None)
+    given = [name for name, used in options.items() if used]
+    if given:
+        raise ValueError(f"target_probs is the final target distribution: {', '.join(given)} cannot be applied to it "
+                         "(apply them before normalising, or pass target_logits)")
+    return target_probs
+
+
+def _check_nucleus(top_p, min_p) -> tuple[float, float]:
+    """(top_p, min_p) for the backends: 1.0 and 0.0 mean no restriction."""
+    if top_p is not None:
+        top_p = _check_real("top_p", top_p, 0.0, 1.0)
+        if top_p == 0.0:
+            raise ValueError("top_p must lie in (0, 1] (None or 1 keeps every token), got 0")
+    min_p = 0.0 if min_p is None else _check_real("min_p", min_p, 0.0, 1.0)
+    return (1.0 if top_p is None else top_p), min_p
 
 
 def _renamed(deprecated: dict, rule: str, coupling: str) -> tuple[str, str]:
@@ -277,8 +334,11 @@ def _renamed(deprecated: dict, rule: str, coupling: str) -> tuple[str, str]:
     return deprecated.get("mode", rule), deprecated.get("next_drafts", coupling)
 
 
-def _check_tensors(target_logits, draft_tokens, draft_probs, uncond_logits) -> tuple:
-    target_logits = _check_logits("target_logits", target_logits)
+def _check_tensors(target_logits, draft_tokens, draft_probs, uncond_logits, target_is_probs: bool = False) -> tuple:
+    if target_is_probs:
+        target_logits = _check_logits("target_probs", target_logits, dtypes=(torch.float32,))
+    else:
+        target_logits = _check_logits("target_logits", target_logits)
     batch, length, vocab = target_logits.shape
     device = target_logits.device
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype not in _INT_DTYPES:
@@ -287,6 +347,8 @@ def _check_tensors(target_logits, draft_tokens, draft_probs, uncond_logits) -> t
     if tuple(draft_tokens.shape) != (batch, length):
         raise ValueError(f"draft_tokens must have shape [B, L] = {(batch, length)}, got {tuple(draft_tokens.shape)}")
     _check_device("draft_tokens", draft_tokens, device)
+    if draft_tokens.dtype != torch.int64:  # every backend reads int64 (int32 ids from other decoders are common)
+        draft_tokens = draft_tokens.to(torch.int64)
     if uncond_logits is not None:
         uncond_logits = _check_logits("uncond_logits", uncond_logits, (batch, length, vocab))
         _check_device("uncond_logits", uncond_logits, device)
@@ -321,10 +383,12 @@ def _check_scalars(has_uncond, cfg_scale, temperature, top_k, rule, entropy_coef
     return cfg_scale, temperature, top_k or 0, _RULE_CODE[rule], entropy_coef, tvd_threshold, _COUPLING_CODE[coupling]
 
 
-def _validate(result: VerifyResult, start: torch.Tensor, batch: int) -> None:
-    """One host sync: the status bits, accept_len (kept in accept_len_host) and start >= 0."""
-    checks = torch.cat([result.status, result.accept_len, (start < 0).any().reshape(1).to(torch.int32)]).tolist()
+def _validate(result: VerifyResult, start: torch.Tensor, batch: int, length: int,
+              target_is_probs: bool = False) -> None:
+    """One host sync: the status bits, accept_len (kept in accept_len_host) and 0 <= start <= L."""
+    out_of_range = ((start < 0) | (start > length)).any().reshape(1).to(torch.int32)
+    checks = torch.cat([result.status, result.accept_len, out_of_range]).tolist()
     if checks[-1]:
-        raise ValueError("start must be >= 0")
-    _raise_for_status(checks[:batch])
+        raise ValueError(f"start must lie in [0, L] = [0, {length}]")
+    _raise_for_status(checks[:batch], target_is_probs)
     result.accept_len_host = checks[batch:2 * batch]

@@ -6,14 +6,21 @@ float64. The ``torch`` backend *is* :func:`verify` with ``compute_dtype=torch.fl
 
 Definitions (per row b and window position i; V = vocabulary size):
 
-* target distribution   z = (u + s·(c − u)) · (1/T)   (c, u: conditional / unconditional logits, s: CFG scale)
-                        p = softmax(z), restricted to {v : z_v ≥ k-th largest z} when top_k is given (ties kept);
-                        T = 0 means greedy: p = one-hot(argmax z) (lowest index on ties).
+* target distribution   z = (u + s·(c − u)) · (1/T)   (c, u: conditional / unconditional logits, s: CFG scale);
+                        z_v = −inf where c_v or u_v is −inf (a masked token: p_v = 0, never NaN).
+                        p = softmax(z), restricted to the support S = {v : z_v finite} ∩ top-k ∩ top-p ∩ min-p:
+                        top_k: z_v ≥ k-th largest finite z (ties kept); top_p: z_v ≥ z_(j) where z_(1) ≥ z_(2) ≥ …
+                        are the kept z sorted and j the first index whose cumulative softmax mass reaches
+                        top_p·total (ties kept); min_p: z_v − max z ≥ float32(ln min_p), i.e. p_v ≥ min_p·max p.
+                        T = 0 means greedy: p = one-hot(argmax z) (lowest index on ties), S = {argmax}.
+                        target_probs w instead of logits: p = w / Σw (rows within PROB_SUM_TOLERANCE of 1),
+                        S = {v : w_v > 0}, z = ln w (for the gumbel coupling).
 * entropy               H = −Σ p ln p  (nats, 0 ln 0 = 0)
 * total variation       TVD = ½ Σ |p − q|        (q = draft_probs row, or one-hot(x) when draft_probs is None,
                                                   or the zero vector when there is neither: TVD = ½)
 * acceptance of draft x strict: a(x) = min(1, p(x)/q(x));  csd: a(x) = min(1, p(x)/q(x) + λ·H) if TVD < τ else strict;
                         a(x) = 0 when q(x) = 0 (invalid draft for that position: rejected, never divided by zero)
+                        and when x ∉ S (a masked or filtered draft is always rejected, whatever the rule)
 * decision              accept iff u_accept < a(x)
 * resampling            r ∝ max(p − q, 0) (the residual); p when the residual sums to zero
 * output distribution   out(y) = q(y)a(y) + (1 − Σ q a) r(y);   distortion = ½ Σ |out − p|
@@ -42,6 +49,7 @@ becomes the uniform ((x >> 9) + 0.5) · 2^-23, which is exact in float32 and lie
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -54,6 +62,7 @@ __all__ = [
     "STATUS_BAD_DRAFT_TOKEN",
     "STATUS_BAD_DRAFT_PROBS",
     "STATUS_MISSING_COMMITTED_TOKEN",
+    "PROB_SUM_TOLERANCE",
     "PHILOX_M0",
     "PHILOX_M1",
     "PHILOX_W0",
@@ -66,6 +75,8 @@ __all__ = [
     "random_draft_tokens",
     "mixed_logits",
     "restrict_top_k",
+    "restrict_top_p",
+    "restrict_min_p",
     "target_probs",
     "entropy",
     "total_variation",
@@ -79,6 +90,7 @@ __all__ = [
     "Target",
     "Drafts",
     "target_distribution",
+    "target_distribution_from_probs",
     "draft_distribution",
     "accept_prefix",
     "assemble",
@@ -90,10 +102,15 @@ COUPLINGS = ("independent", "maximal", "gumbel")  # how positions after accept_l
 
 # Per-row status bits written by every backend (OR over the row's positions). The Python wrapper turns them into
 # ValueErrors naming the argument when validate=True.
-STATUS_BAD_LOGITS = 1  # NaN or ±Inf in target_logits / uncond_logits (or in their CFG mix)
+STATUS_BAD_LOGITS = 1  # NaN or +Inf in target_logits / uncond_logits, an overflowing CFG mix, no finite logit;
+#                        with target_probs: a negative or non-finite value, or a sum off 1 by > PROB_SUM_TOLERANCE
 STATUS_BAD_DRAFT_TOKEN = 2  # a draft token outside [-1, V)
-STATUS_BAD_DRAFT_PROBS = 4  # a negative or non-finite value in draft_probs
+STATUS_BAD_DRAFT_PROBS = 4  # a negative or non-finite value in draft_probs, or a row sum off 1 by > PROB_SUM_TOLERANCE
 STATUS_MISSING_COMMITTED_TOKEN = 8  # draft_tokens[b, i] = -1 at a position i < start[b]
+
+# |Σ row − 1| allowed in draft_probs and target_probs rows (fp32 softmax over any vocabulary is far inside it; a row
+# scaled by 0.5 or left unnormalised after masking is far outside it).
+PROB_SUM_TOLERANCE = 1e-3
 
 PHILOX_M0 = 0xD2511F53
 PHILOX_M1 = 0xCD9E8D57
@@ -230,24 +247,63 @@ def mixed_logits(
 ) -> torch.Tensor:
     """z = (u + s·(c − u))·(1/T); for T = 0 the unscaled mix (greedy decoding only needs its argmax).
 
+    A token that is −inf in c or u is masked: z = −inf there (never the NaN of −inf − (−inf)). A NaN or +inf in c or
+    u, or a mix of finite logits that overflows, gives z = NaN (the row is then flagged by target_distribution).
     The scale 1/T is rounded to float32 once, so every backend multiplies by the same constant.
     Shape: logits [..., V] -> [..., V] in compute_dtype.
     """
     mixed = logits.to(compute_dtype)
+    masked, bad = mixed == float("-inf"), _bad_logit(mixed)
     if uncond_logits is not None:
         uncond = uncond_logits.to(compute_dtype)
+        masked, bad = masked | (uncond == float("-inf")), bad | _bad_logit(uncond)
         mixed = uncond + cfg_scale * (mixed - uncond)
     if temperature > 0:
         mixed = mixed * float(torch.tensor(1.0 / temperature, dtype=torch.float32))
-    return mixed
+    bad = bad | (~torch.isfinite(mixed) & ~masked)
+    mixed = mixed.masked_fill(masked, float("-inf"))
+    return mixed.masked_fill(bad, float("nan"))
+
+
+def _bad_logit(x: torch.Tensor) -> torch.Tensor:
+    """NaN or +inf (−inf is a mask, not an error)."""
+    return ~(x < float("inf"))
 
 
 def restrict_top_k(z: torch.Tensor, top_k: Optional[int]) -> torch.Tensor:
-    """−inf outside {v : z_v ≥ k-th largest z} (ties at the k-th value are all kept).  Shape: [..., V]."""
+    """−inf outside {v : z_v ≥ k-th largest z} (ties at the k-th value are all kept; fewer than k finite values keep
+    every finite one, since the k-th largest is then −inf).  Shape: [..., V]."""
     if top_k is None or top_k >= z.shape[-1]:
         return z
     kth_largest = torch.topk(z, top_k, dim=-1).values[..., -1:]
     return z.masked_fill(z < kth_largest, float("-inf"))
+
+
+def restrict_top_p(z: torch.Tensor, top_p: Optional[float]) -> torch.Tensor:
+    """−inf outside the smallest set of largest z whose softmax mass reaches top_p (ties at the last value kept).
+
+    Sort z descending, e = exp(z − max z), cum = cumsum(e); j = the first index with cum_j ≥ top_p·cum_last
+    (top_p rounded to float32); keep {v : z_v ≥ z_(j)}. The kernels find the same threshold by a search over z.
+    Shape: [..., V]; rows need at least one finite value.
+    """
+    if top_p is None or top_p >= 1.0:
+        return z
+    ordered = z.sort(-1, descending=True).values
+    cum = torch.exp(ordered - ordered[..., :1]).cumsum(-1)
+    limit = float(torch.tensor(top_p, dtype=torch.float32)) * cum[..., -1:]
+    crossing = (cum < limit).sum(-1, keepdim=True).clamp(max=z.shape[-1] - 1)
+    return z.masked_fill(z < ordered.gather(-1, crossing), float("-inf"))
+
+
+def restrict_min_p(z: torch.Tensor, min_p: Optional[float]) -> torch.Tensor:
+    """−inf outside {v : z_v − max z ≥ float32(ln min_p)}: p_v ≥ min_p·max p, decided on z (exact in every backend).
+
+    Shape: [..., V].
+    """
+    if not min_p:
+        return z
+    log_min_p = float(torch.tensor(math.log(min_p), dtype=torch.float32))
+    return z.masked_fill(z - z.amax(-1, keepdim=True) < log_min_p, float("-inf"))
 
 
 def target_probs(z: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -269,21 +325,24 @@ def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def acceptance_probability(
     p_x: torch.Tensor, q_x: torch.Tensor, h: torch.Tensor, tvd: torch.Tensor, rule: str, entropy_coef: float,
-    tvd_threshold: float,
+    tvd_threshold: float, in_support: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """a(x) for draft probabilities p(x), q(x) (any broadcastable shapes); 0 where q(x) = 0."""
-    safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
-    ratio = torch.where(q_x > 0, p_x / safe_q, torch.zeros_like(p_x))
+    """a(x) for draft probabilities p(x), q(x) (any broadcastable shapes); 0 where q(x) = 0 or x is outside the
+    support of p (``in_support``; default p(x) > 0)."""
+    in_support = p_x > 0 if in_support is None else in_support
+    valid = (q_x > 0) & in_support
+    safe_q = torch.where(valid, q_x, torch.ones_like(q_x))
+    ratio = torch.where(valid, p_x / safe_q, torch.zeros_like(p_x))
     if rule == "csd":
-        relaxed = torch.where(q_x > 0, ratio + entropy_coef * h, torch.zeros_like(ratio))
+        relaxed = torch.where(valid, ratio + entropy_coef * h, torch.zeros_like(ratio))
         ratio = torch.where(tvd < tvd_threshold, relaxed, ratio)
     return ratio.clamp(max=1.0)
 
 
 def accepted_mass(p: torch.Tensor, q: torch.Tensor, h: torch.Tensor, tvd: torch.Tensor, rule: str,
-                  entropy_coef: float, tvd_threshold: float):
+                  entropy_coef: float, tvd_threshold: float, support: Optional[torch.Tensor] = None):
     """q(y)·a(y) for every token y: the probability of drafting y and accepting it.  Shape: [..., V]."""
-    return q * acceptance_probability(p, q, h[..., None], tvd[..., None], rule, entropy_coef, tvd_threshold)
+    return q * acceptance_probability(p, q, h[..., None], tvd[..., None], rule, entropy_coef, tvd_threshold, support)
 
 
 def optimal_residual(p: torch.Tensor, q_times_a: torch.Tensor) -> torch.Tensor:
@@ -356,12 +415,14 @@ class VerifyResult:
 
 @dataclass
 class Target:
-    """The target side of a window: mixed logits z, p, H, and which positions had non-finite logits.  [B, L, (V)]"""
+    """The target side of a window: mixed logits z (−inf outside the support), p, H, the support S of p and which
+    positions had bad input.  [B, L, (V)]"""
 
     z: torch.Tensor
     p: torch.Tensor
     h: torch.Tensor
     bad: torch.Tensor
+    support: torch.Tensor
 
 
 @dataclass
@@ -376,13 +437,28 @@ class Drafts:
     bad_probs: torch.Tensor
 
 
-def target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, compute_dtype) -> Target:
+def target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, compute_dtype,
+                        top_p: Optional[float] = None, min_p: Optional[float] = None) -> Target:
+    """p from logits: CFG mix, temperature, then top-k, top-p (on what top-k kept) and min-p."""
     z = mixed_logits(target_logits, uncond_logits, cfg_scale, temperature, compute_dtype)
-    # A NaN or ±Inf in either input (or an overflowing mix) leaves a non-finite z; 0·Inf = NaN covers cfg_scale = 0.
-    bad = ~torch.isfinite(z).all(-1)
-    z = restrict_top_k(torch.where(bad[..., None], torch.zeros_like(z), z), top_k)
+    # NaN marks bad input (see mixed_logits); a row with no finite logit has no distribution either.
+    bad = torch.isnan(z).any(-1) | (z == float("-inf")).all(-1)
+    z = torch.where(bad[..., None], torch.zeros_like(z), z)
+    z = restrict_min_p(restrict_top_p(restrict_top_k(z, top_k), top_p), min_p)
     p = target_probs(z, temperature)
-    return Target(z, p, entropy(p), bad)
+    support = p > 0 if temperature == 0 else torch.isfinite(z)
+    return Target(z, p, entropy(p), bad, support)
+
+
+def target_distribution_from_probs(weights: torch.Tensor, compute_dtype) -> Target:
+    """p = w / Σw from target probabilities; rows with a negative or non-finite value, or a sum off 1 by more than
+    PROB_SUM_TOLERANCE, are bad.  Shape: [B, L, V]."""
+    w = weights.to(compute_dtype)
+    total = w.sum(-1, keepdim=True)
+    bad = ~(torch.isfinite(w) & (w >= 0)).all(-1) | ~((total - 1).abs() <= PROB_SUM_TOLERANCE).squeeze(-1)
+    w = torch.where(bad[..., None], torch.ones_like(w), w)
+    p = w / w.sum(-1, keepdim=True)
+    return Target(torch.log(w), p, entropy(p), bad, w > 0)
 
 
 def draft_distribution(draft_tokens, draft_probs, vocab: int, compute_dtype) -> Drafts:
@@ -395,7 +471,8 @@ def draft_distribution(draft_tokens, draft_probs, vocab: int, compute_dtype) -> 
         bad_probs = torch.zeros_like(has_draft)
     else:
         q = draft_probs.to(compute_dtype).expand(*token.shape, vocab)
-        bad_probs = ~(torch.isfinite(q) & (q >= 0)).all(-1)
+        total = q.sum(-1) if draft_probs.stride(-1) else q[..., 0].to(torch.float64) * vocab  # a uniform q: V·q_0
+        bad_probs = ~(torch.isfinite(q) & (q >= 0)).all(-1) | ~((total - 1).abs() <= PROB_SUM_TOLERANCE)
         q = torch.where(bad_probs[..., None], torch.zeros_like(q), q)
     return Drafts(token, has_draft, bad_token, q, bad_probs)
 
@@ -433,14 +510,17 @@ def assemble(target: Target, drafts: Drafts, accept_len, committed, resampled, l
 
 
 def verify(
-    target_logits: torch.Tensor,
+    target_logits: Optional[torch.Tensor],
     draft_tokens: torch.Tensor,
     draft_probs: Optional[torch.Tensor] = None,
     *,
+    target_probs: Optional[torch.Tensor] = None,
     uncond_logits: Optional[torch.Tensor] = None,
     cfg_scale: float = 1.0,
     temperature: float = 1.0,
     top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    min_p: Optional[float] = None,
     rule: str = "csd",
     entropy_coef: float = 0.5,
     tvd_threshold: float = 0.65,
@@ -456,18 +536,25 @@ def verify(
     """The reference verification step on already-validated arguments (see csd_kernels.verify for the API).
 
     ``uniforms`` = (u_accept, u_sample), each [B, L], replaces the Philox step stream (tests use it to fix u).
-    Shape: target_logits [B, L, V], draft_tokens [B, L], draft_probs [B, L, V] or None, start/positions [B],
-    seed [1] or [B], offset [1] or [B] (per-row step-stream offsets).
+    ``target_probs`` replaces target_logits (then no CFG, temperature 1 and no top-k / top-p / min-p).
+    Shape: target_logits or target_probs [B, L, V], draft_tokens [B, L], draft_probs [B, L, V] or None,
+    start/positions [B], seed [1] or [B], offset [1] or [B] (per-row step-stream offsets).
     """
-    length, vocab = target_logits.shape[1:]
-    target = target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, compute_dtype)
+    if target_probs is not None:
+        length, vocab = target_probs.shape[1:]
+        target = target_distribution_from_probs(target_probs, compute_dtype)
+    else:
+        length, vocab = target_logits.shape[1:]
+        target = target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, compute_dtype,
+                                     top_p, min_p)
     drafts = draft_distribution(draft_tokens, draft_probs, vocab, compute_dtype)
     p, q, x = target.p, drafts.q, drafts.token
     tvd = total_variation(p, q)  # q is the zero vector where there is neither a draft nor draft_probs: TVD = ½
     p_x = p.gather(-1, x.clamp(min=0)[..., None]).squeeze(-1)
     q_x = torch.where(drafts.has_draft, q.gather(-1, x.clamp(min=0)[..., None]).squeeze(-1), torch.zeros_like(p_x))
-    accept_prob = acceptance_probability(p_x, q_x, target.h, tvd, rule, entropy_coef, tvd_threshold)
-    q_times_a = accepted_mass(p, q, target.h, tvd, rule, entropy_coef, tvd_threshold)
+    x_in_support = target.support.gather(-1, x.clamp(min=0)[..., None]).squeeze(-1)
+    accept_prob = acceptance_probability(p_x, q_x, target.h, tvd, rule, entropy_coef, tvd_threshold, x_in_support)
+    q_times_a = accepted_mass(p, q, target.h, tvd, rule, entropy_coef, tvd_threshold, target.support)
     distortion = torch.where(drafts.has_draft, closed_form_distortion(p, q, q_times_a), torch.zeros_like(target.h))
 
     u_accept, u_sample = step_uniforms(seed, offset, positions, length) if uniforms is None else (
@@ -478,19 +565,19 @@ def verify(
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
     from_p = inverse_cdf_sample(p, u_sample)
     resampled = torch.where(drafts.has_draft, inverse_cdf_sample(residual, u_sample), from_p)
-    later = _next_drafts(coupling, target, drafts, resampled, from_p, u_accept, p_x, q_x, temperature, seed, positions,
-                         compute_dtype)
+    later = _next_drafts(coupling, target, drafts, resampled, from_p, u_accept, p_x, q_x, x_in_support, temperature,
+                         seed, positions, compute_dtype)
     return assemble(target, drafts, accept_len, committed, resampled, later, tvd, accept_prob, distortion, return_probs)
 
 
-def _next_drafts(coupling, target, drafts, resampled, from_p, u_accept, p_x, q_x, temperature, seed, positions,
-                 compute_dtype) -> torch.Tensor:
+def _next_drafts(coupling, target, drafts, resampled, from_p, u_accept, p_x, q_x, x_in_support, temperature, seed,
+                 positions, compute_dtype) -> torch.Tensor:
     """The tokens drafted for the positions after accept_len, by coupling (see COUPLINGS)."""
     if coupling == "independent":
         return from_p
     if coupling == "maximal":
         zero = torch.zeros_like(p_x)
-        strict = acceptance_probability(p_x, q_x, zero, zero, "strict", 0.0, 0.0)  # min(1, p(x)/q(x))
+        strict = acceptance_probability(p_x, q_x, zero, zero, "strict", 0.0, 0.0, x_in_support)  # min(1, p(x)/q(x))
         keep = drafts.has_draft & (u_accept.to(compute_dtype) < strict)
         return torch.where(keep, drafts.token, resampled)
     if temperature == 0:  # gumbel

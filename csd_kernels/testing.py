@@ -74,6 +74,8 @@ def _draft_probs(g, q, cond, uncond, scale):
     probs = torch.softmax(torch.randn(batch, length, vocab, generator=g) * scale, -1)
     if q == "sparse":  # zeros in q: invalid drafts at some positions, residual mass elsewhere
         probs = torch.where(torch.rand(probs.shape, generator=g) < 0.5, torch.zeros_like(probs), probs)
+        probs[..., 0] = torch.where(probs.sum(-1) > 0, probs[..., 0], 1.0)  # never an all-zero row
+        probs = probs / probs.sum(-1, keepdim=True)  # q rows must sum to 1
     elif q != "dense":
         raise ValueError(f"q must be one of {Q_KINDS}, got {q!r}")
     return probs

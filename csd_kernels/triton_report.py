@@ -35,6 +35,8 @@ class Variant:
     coupling: int = 0  # 0 independent, 1 maximal, 2 gumbel
     return_probs: bool = True
     logits_dtype: str = "bfloat16"
+    top_p: bool = False  # top-p and min-p (the per-position paths)
+    target_probs: bool = False  # probabilities instead of logits (float32, no CFG)
 
     @property
     def label(self) -> str:
@@ -42,6 +44,8 @@ class Variant:
                  "q" if self.has_q else "onehot", "greedy" if self.greedy else ("topk" if self.top_k else "full"),
                  "csd" if self.csd_rule else "strict", ("indep", "maximal", "gumbel")[self.coupling],
                  "probs" if self.return_probs else "noprobs"]
+        parts += ["top-p/min-p"] if self.top_p else []
+        parts += ["target-probs"] if self.target_probs else []
         return " ".join(parts)
 
 
@@ -75,7 +79,7 @@ _POINTERS = {"q_ptr": "*fp32", "draft_ptr": "*i64", "start_ptr": "*i64", "positi
              "dist_ptr": "*fp32", "res_ptr": "*i32", "later_ptr": "*i32", "flags_ptr": "*i32", "stats_ptr": "*fp32",
              "index_ptr": "*i32", "sums_ptr": "*fp32", "bad_q_ptr": "*i32", "position_count_ptr": "*i32",
              "row_count_ptr": "*i32", "tokens_ptr": "*i64", "accept_len_ptr": "*i32", "status_ptr": "*i32"}
-_FLOATS = {"cfg_scale", "inv_t", "entropy_coef", "tvd_threshold"}
+_FLOATS = {"cfg_scale", "inv_t", "entropy_coef", "tvd_threshold", "top_p", "log_min_p"}
 
 
 def _signature(kernel, variant: Variant, constexprs: dict) -> dict:
@@ -131,14 +135,16 @@ def _kernels(variant: Variant):
     from . import triton_verify as tv
     from .triton_kernels import chunked, register, split
 
-    chosen = tv.plan(variant.positions, variant.vocab, variant.top_k and not variant.greedy)
+    nucleus = variant.top_p and not variant.greedy
+    chosen = tv.plan(variant.positions, variant.vocab, (variant.top_k and not variant.greedy) or nucleus
+                     or variant.target_probs)
     flags = {"HAS_UNCOND": variant.has_uncond, "HAS_Q": variant.has_q, "GREEDY": variant.greedy,
              "CSD_RULE": variant.csd_rule, "COUPLING": variant.coupling, "RETURN_PROBS": variant.return_probs,
              "PER_ROW_SEED": False}
     if chosen.path != "split":
         kernel = register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel
-        return [(kernel, dict(flags, TOP_K=variant.top_k and not variant.greedy, BLOCK_V=chosen.block),
-                 chosen.num_warps)]
+        return [(kernel, dict(flags, TOP_K=variant.top_k and not variant.greedy, BLOCK_V=chosen.block, TOP_P=nucleus,
+                              MIN_P=nucleus, PROBS=variant.target_probs), chosen.num_warps)]
     n_split = -(-variant.vocab // chosen.block)
     stats = {"HAS_UNCOND": variant.has_uncond, "GREEDY": variant.greedy, "PER_ROW_SEED": False,
              "GUMBEL": variant.coupling == 2 and not variant.greedy, "BLOCK_V": chosen.block}
@@ -192,7 +198,11 @@ def format_table(reports: list[ResourceReport]) -> str:
 def quick_variants() -> list[Variant]:
     """One of each kernel: split (small batch), register (large batch, heaviest), chunked (top-k above 16384)."""
     return [Variant(16384, 16), Variant(16384, 16, greedy=True, coupling=2, return_probs=False),
-            Variant(16384, 1024, top_k=True, coupling=2), Variant(65536, 16, top_k=True, coupling=1)]
+            Variant(16384, 1024, top_k=True, coupling=2), Variant(65536, 16, top_k=True, coupling=1),
+            Variant(16384, 16, top_k=True, top_p=True, coupling=2),
+            Variant(65536, 16, top_k=True, top_p=True, coupling=2, logits_dtype="float32"),
+            Variant(16384, 16, has_uncond=False, target_probs=True, coupling=2, logits_dtype="float32"),
+            Variant(65536, 16, has_uncond=False, target_probs=True, coupling=1, logits_dtype="float32")]
 
 
 def main(argv=None) -> None:

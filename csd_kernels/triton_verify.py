@@ -21,9 +21,10 @@ docs/measurements.md).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -32,6 +33,7 @@ try:  # pragma: no cover - exercised by whichever environment imports us
     import triton
 
     from .triton_kernels import chunked, common, register, split
+    from .triton_launch import launch
 
     _TRITON_ERROR: Optional[str] = None
 except Exception as exc:  # pragma: no cover
@@ -84,6 +86,7 @@ def register_num_warps(block: int) -> int:
     return 4 if block <= 1024 else 8 if block <= 2048 else 16
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of its arguments, asked on every call
 def plan(positions: int, vocab: int, top_k: bool, sm_count: int = REFERENCE_SM_COUNT) -> Plan:
     """The path for ``positions`` = B·L rows of ``vocab`` tokens (``top_k``: a top-k restriction is active).
 
@@ -131,49 +134,130 @@ def verify_triton(
     seed: torch.Tensor,
     offset: torch.Tensor,
     return_probs: bool,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    target_is_probs: bool = False,
+    packed_outputs: bool = False,
 ):
     """Triton verification step on validated arguments (see module docstring); no host synchronisation.
 
     Returns (accept_len int32 [B], tokens int64 [B, L], probs float32 [B, L, V] or an empty (0,) tensor,
     entropy, tvd, accept_prob, distortion float32 [B, L], status int32 [B]).
+    ``packed_outputs``: the four [B, L] statistics are views of one allocation and accept_len / status of another
+    (fewer allocations per eager call); the registered op keeps them separate (its outputs may not alias).
     """
     if triton is None:  # pragma: no cover
         raise RuntimeError(f"triton is not importable ({_TRITON_ERROR})")
     B, L, V = target_logits.shape
     device = target_logits.device
-    f32 = dict(dtype=torch.float32, device=device)
-    i32 = dict(dtype=torch.int32, device=device)
-    # the outputs are separate tensors: a custom op's outputs may not alias one another
-    out = dict(
-        probs=torch.empty((B, L, V) if return_probs else (0,), **f32),
-        ent=torch.empty((B, L), **f32), tvd=torch.empty((B, L), **f32), acc=torch.empty((B, L), **f32),
-        dist=torch.empty((B, L), **f32), tokens=torch.empty((B, L), dtype=torch.int64, device=device),
-        accept_len=torch.empty((B,), **i32), status=torch.empty((B,), **i32),
-    )
-    scratch = torch.empty((3, B, L), **i32)  # per position: resampled token, later draw, flags
+    out = _allocate_outputs(B, L, V, device, return_probs, packed_outputs)
     if B * L == 0:
         out["accept_len"].fill_(L)
         out["status"].zero_()
     else:
         greedy = temperature == 0
-        chosen = plan(B * L, V, (not greedy) and 0 < top_k < V, _sm_count(device))
+        # top-k, top-p, min-p and target probabilities take the per-position paths
+        nucleus = dict(TOP_P=(not greedy) and top_p < 1.0, MIN_P=(not greedy) and min_p > 0.0,
+                       PROBS=bool(target_is_probs))
+        whole_row = ((not greedy) and 0 < top_k < V) or any(nucleus.values())
         has_q = draft_probs is not None
-        seed, offset = seed.reshape(-1), offset.reshape(-1)
+        seed, offset, start, positions = (t if t.dim() == 1 else t.reshape(-1)  # ops.verify gives [B] or [1]
+                                          for t in (seed, offset, start, positions))
+        flags = dict(HAS_UNCOND=uncond_logits is not None, HAS_Q=has_q, GREEDY=greedy,
+                     CSD_RULE=int(rule) == 1, COUPLING=int(coupling), RETURN_PROBS=bool(return_probs),
+                     PER_ROW_SEED=seed.numel() != 1)
+        key = _launch_key(target_logits, uncond_logits, draft_probs, draft_tokens, start, positions, seed, offset,
+                          int(top_k), (flags, nucleus))
+        work = _workspace(key, B, L, V, whole_row, device)
         args = _Args(
             target_logits, uncond_logits if uncond_logits is not None else target_logits,
-            draft_probs if has_q else out["ent"], draft_tokens, start.reshape(-1), positions.reshape(-1), seed, offset,
+            draft_probs if has_q else out["ent"], draft_tokens, start, positions, seed, offset,
             q_strides=tuple(draft_probs.stride()) if has_q else (0, 0, 0),
             seed_stride=seed.stride(0) if seed.numel() != 1 else 0,
             offset_stride=offset.stride(0) if offset.numel() != 1 else 0,
             scalars=(float(cfg_scale), _fp32(1.0 / temperature) if not greedy else 1.0),  # 1/T rounded once, as ref
-            flags=dict(HAS_UNCOND=uncond_logits is not None, HAS_Q=has_q, GREEDY=greedy,
-                       CSD_RULE=int(rule) == 1, COUPLING=int(coupling), RETURN_PROBS=bool(return_probs),
-                       PER_ROW_SEED=seed.numel() != 1),
+            flags=flags,
         )
-        launch = _launch_split if chosen.path == "split" else _launch_per_position
-        launch(chosen, args, out, scratch, int(top_k), float(entropy_coef), float(tvd_threshold))
+        if work.plan.path == "split":
+            _launch_split(work, args, out, int(top_k), float(entropy_coef), float(tvd_threshold))
+        else:
+            log_min_p = _fp32(math.log(min_p)) if min_p > 0 else float("-inf")  # ln rounded once, as the reference
+            _launch_per_position(work, args, out, int(top_k), float(entropy_coef), float(tvd_threshold),
+                                 (_fp32(top_p), log_min_p), nucleus)
     o = out
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
+
+
+def _allocate_outputs(B: int, L: int, V: int, device: torch.device, return_probs: bool, packed: bool) -> dict:
+    f32 = dict(dtype=torch.float32, device=device)
+    i32 = dict(dtype=torch.int32, device=device)
+    out = dict(probs=torch.empty((B, L, V) if return_probs else (0,), **f32),
+               tokens=torch.empty((B, L), dtype=torch.int64, device=device))
+    if packed:
+        out["ent"], out["tvd"], out["acc"], out["dist"] = torch.empty((4, B, L), **f32).unbind(0)
+        out["accept_len"], out["status"] = torch.empty((2, B), **i32).unbind(0)
+    else:  # a custom op's outputs may not alias one another
+        out.update(ent=torch.empty((B, L), **f32), tvd=torch.empty((B, L), **f32), acc=torch.empty((B, L), **f32),
+                   dist=torch.empty((B, L), **f32), accept_len=torch.empty((B,), **i32),
+                   status=torch.empty((B,), **i32))
+    return out
+
+
+def _launch_key(logits, uncond, q, drafts, start, positions, seed, offset, top_k: int, flags: tuple) -> tuple:
+    """What the launches are specialized on (see triton_launch), cheaply: the device, the float inputs' dtypes, the
+    strides of every input, the 16-byte alignment of every input pointer, the integer top_k and the constexpr flags.
+    Every other integer argument and every workspace pointer derives from these (ops.verify fixed the shapes of the
+    other inputs against target_logits, and start / positions / seed / offset are int64). A new integer or constexpr
+    kernel argument must be added here."""
+    aligned = tuple(t.data_ptr() & 15 for t in (logits, drafts, start, positions, seed, offset))
+    return (logits.device, logits.dtype, logits.shape, logits.stride(),
+            None if uncond is None else (uncond.dtype, uncond.stride(), uncond.data_ptr() & 15),
+            None if q is None else (q.stride(), q.data_ptr() & 15),
+            drafts.dtype, drafts.stride(), start.stride(), positions.stride(), seed.stride(), offset.stride(),
+            aligned, top_k, tuple(tuple(f.values()) for f in flags))
+
+
+@dataclass
+class _Workspace:
+    """Per launch key: the plan and the scratch the kernels write before they read it (reused call after call)."""
+
+    plan: Plan
+    scratch: torch.Tensor  # [3, B, L] int32 per position: resampled token, later draw, flags
+    stats: Optional[torch.Tensor] = None  # split path: per-program statistics, sums, indices, counters
+    sums: Optional[torch.Tensor] = None
+    ints: Optional[torch.Tensor] = None
+    inputs: Optional[list] = None  # the shared leading kernel arguments of the key's first call (strides fixed)
+    consts: Optional[dict] = None  # the path's grids, workspace views and constexprs
+    kernels: dict = field(default_factory=dict)  # the compiled kernels of this key (triton_launch.launch's cache)
+
+
+_WORKSPACES: dict = {}  # never evicted: a captured CUDA graph may still write a workspace it saw
+
+
+def _stream(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch._C._cuda_getCurrentRawStream(index)  # what Triton launches on, without building a Stream object
+
+
+def _workspace(key: tuple, B: int, L: int, V: int, top_k: bool, device: torch.device) -> _Workspace:
+    """The cached workspace of ``key`` and its plan on the current stream (a stream's launches run in order, so one
+    buffer per stream is never read and written by two calls at once). The plan is asked every call, so that a
+    replaced ``plan`` (the tests force each path) gets its own workspace and kernels."""
+    chosen = plan(B * L, V, top_k, _sm_count(device))
+    stream = _stream(device)
+    work = _WORKSPACES.get((key, chosen, stream))
+    if work is None:
+        work = _WORKSPACES[(key, chosen, stream)] = _Workspace(chosen, torch.empty((3, B, L), dtype=torch.int32,
+                                                                                   device=device))
+        if chosen.path == "split":
+            programs = B * L * -(-V // chosen.block)
+            assert split.N_STATS.value == split.N_SUMS.value
+            work.stats, work.sums = torch.empty((2, programs, split.N_STATS.value), dtype=torch.float32,
+                                                device=device)  # contiguous
+            work.ints = torch.empty((programs * 3 + B * L + B,), dtype=torch.int32, device=device)
+    return work
 
 
 @dataclass
@@ -192,60 +276,84 @@ class _Args:
     scalars: tuple  # cfg_scale, 1/T
     flags: dict  # the constexpr switches both paths share
 
-    def inputs(self) -> tuple:
-        """The leading kernel arguments both paths share, in kernel order."""
-        return (
-            self.logits, self.logits.stride(0), self.logits.stride(1),
-            self.uncond, self.uncond.stride(0), self.uncond.stride(1),
-            self.q, *self.q_strides,
-            self.drafts, self.drafts.stride(0), self.drafts.stride(1),
-            self.start, self.start.stride(0), self.positions, self.positions.stride(0),
-            self.seed, self.seed_stride, self.offset, self.offset_stride,
+    def inputs(self, work: _Workspace) -> list:
+        """The leading kernel arguments both paths share, in kernel order: the key's strides, this call's tensors."""
+        if work.inputs is None:
+            work.inputs = [
+                self.logits, self.logits.stride(0), self.logits.stride(1),
+                self.uncond, self.uncond.stride(0), self.uncond.stride(1),
+                self.q, *self.q_strides,
+                self.drafts, self.drafts.stride(0), self.drafts.stride(1),
+                self.start, self.start.stride(0), self.positions, self.positions.stride(0),
+                self.seed, self.seed_stride, self.offset, self.offset_stride,
+            ]
+        args = list(work.inputs)
+        args[0], args[3], args[6], args[10] = self.logits, self.uncond, self.q, self.drafts
+        args[13], args[15], args[17], args[19] = self.start, self.positions, self.seed, self.offset
+        return args
+
+
+def _outputs(out: dict, scratch: tuple) -> tuple:
+    return (out["probs"], out["ent"], out["tvd"], out["acc"], out["dist"], *scratch)
+
+
+def _launch_per_position(work: _Workspace, a: _Args, out, top_k, entropy_coef, tvd_threshold,
+                         nucleus_scalars=(1.0, float("-inf")), nucleus_flags=None):
+    B, L, V = a.logits.shape
+    c = work.consts
+    if c is None:
+        chosen = work.plan
+        c = work.consts = dict(
+            kernel=register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel,
+            scratch=tuple(work.scratch.unbind(0)), num_warps=chosen.num_warps,
+            constexprs=dict(TOP_K=(not a.flags["GREEDY"]) and 0 < top_k < V, BLOCK_V=chosen.block, **a.flags,
+                            **(nucleus_flags or {})),
+            finalize_constexprs=dict(BLOCK_L=max(16, _pow2(L))),
+            drafts_strides=(a.drafts.stride(0), a.drafts.stride(1)),
         )
+    scratch = c["scratch"]
+    launch(c["kernel"], (B * L,), work.kernels,
+           (*a.inputs(work), *_outputs(out, scratch), L, V, *a.scalars, top_k, entropy_coef, tvd_threshold,
+            *nucleus_scalars),
+           c["constexprs"], num_warps=c["num_warps"], enable_fp_fusion=False)
+    launch(common.finalize_kernel, (B,), work.kernels,
+           (a.drafts, *c["drafts_strides"], *scratch, out["tokens"], out["accept_len"], out["status"], L, V),
+           c["finalize_constexprs"], num_warps=1)
 
 
-def _outputs(out: dict, scratch: torch.Tensor) -> tuple:
-    return (out["probs"], out["ent"], out["tvd"], out["acc"], out["dist"], scratch[0], scratch[1], scratch[2])
-
-
-def _launch_per_position(chosen: Plan, a: _Args, out, scratch, top_k, entropy_coef, tvd_threshold):
+def _split_constants(work: _Workspace, a: _Args) -> dict:
+    """What a split launch under this key always passes: grid, workspace views, strides, constexprs."""
     B, L, V = a.logits.shape
-    kernel = register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel
-    kernel[(B * L,)](
-        *a.inputs(), *_outputs(out, scratch),
-        L, V, *a.scalars, top_k, entropy_coef, tvd_threshold,
-        TOP_K=(not a.flags["GREEDY"]) and 0 < top_k < V, BLOCK_V=chosen.block, **a.flags,
-        num_warps=chosen.num_warps, enable_fp_fusion=False,
-    )
-    common.finalize_kernel[(B,)](
-        a.drafts, a.drafts.stride(0), a.drafts.stride(1), scratch[0], scratch[1], scratch[2],
-        out["tokens"], out["accept_len"], out["status"], L, V, BLOCK_L=max(16, _pow2(L)), num_warps=1,
-    )
-
-
-def _launch_split(chosen: Plan, a: _Args, out, scratch, top_k, entropy_coef, tvd_threshold):
-    B, L, V = a.logits.shape
+    chosen, flags = work.plan, a.flags
     n_split = -(-V // chosen.block)
     programs = B * L * n_split
-    device = a.logits.device
-    assert split.N_STATS.value == split.N_SUMS.value
-    stats, sums = torch.empty((2, programs, split.N_STATS.value), dtype=torch.float32, device=device)  # contiguous
-    ints = torch.empty((programs * 3 + B * L + B,), dtype=torch.int32, device=device)
-    index, bad_q = ints[: 2 * programs], ints[2 * programs: 3 * programs]
-    position_count, row_count = ints[3 * programs: 3 * programs + B * L], ints[3 * programs + B * L:]
-    flags = a.flags
-    split.split_stats_kernel[(programs,)](
-        a.logits, a.logits.stride(0), a.logits.stride(1), a.uncond, a.uncond.stride(0), a.uncond.stride(1),
-        a.positions, a.positions.stride(0), a.seed, a.seed_stride,
-        stats, index, position_count, row_count, L, V, *a.scalars,
-        HAS_UNCOND=flags["HAS_UNCOND"], GREEDY=flags["GREEDY"],
-        GUMBEL=flags["COUPLING"] == 2 and not flags["GREEDY"], PER_ROW_SEED=flags["PER_ROW_SEED"],
-        BLOCK_V=chosen.block, num_warps=chosen.num_warps, enable_fp_fusion=False,
+    ints = work.ints
+    return dict(
+        grid=(programs,), num_warps=chosen.num_warps, scratch=tuple(work.scratch.unbind(0)),
+        stats=(work.stats, ints[: 2 * programs], ints[3 * programs: 3 * programs + B * L], ints[3 * programs + B * L:]),
+        bad_q=ints[2 * programs: 3 * programs],
+        strides=(a.logits.stride(0), a.logits.stride(1), a.uncond.stride(0), a.uncond.stride(1),
+                 a.positions.stride(0)),
+        stats_constexprs=dict(HAS_UNCOND=flags["HAS_UNCOND"], GREEDY=flags["GREEDY"],
+                              GUMBEL=flags["COUPLING"] == 2 and not flags["GREEDY"],
+                              PER_ROW_SEED=flags["PER_ROW_SEED"], BLOCK_V=chosen.block),
+        finish_constexprs=dict(**flags, BLOCK_V=chosen.block, S_BLOCK=max(2, _pow2(n_split)),
+                               BLOCK_L=max(16, _pow2(L))),
     )
-    split.split_finish_kernel[(programs,)](
-        *a.inputs(), *_outputs(out, scratch),
-        stats, index, sums, bad_q, position_count, row_count, out["tokens"], out["accept_len"], out["status"],
-        L, V, *a.scalars, entropy_coef, tvd_threshold, **flags,
-        BLOCK_V=chosen.block, S_BLOCK=max(2, _pow2(n_split)), BLOCK_L=max(16, _pow2(L)),
-        num_warps=chosen.num_warps, enable_fp_fusion=False,
-    )
+
+
+def _launch_split(work: _Workspace, a: _Args, out, top_k, entropy_coef, tvd_threshold):
+    B, L, V = a.logits.shape
+    c = work.consts
+    if c is None:
+        c = work.consts = _split_constants(work, a)
+    (s_cb, s_cl, s_ub, s_ul, s_pos), (stats, index, position_count, row_count) = c["strides"], c["stats"]
+    launch(split.split_stats_kernel, c["grid"], work.kernels,
+           (a.logits, s_cb, s_cl, a.uncond, s_ub, s_ul, a.positions, s_pos, a.seed, a.seed_stride,
+            stats, index, position_count, row_count, L, V, *a.scalars),
+           c["stats_constexprs"], num_warps=c["num_warps"], enable_fp_fusion=False)
+    launch(split.split_finish_kernel, c["grid"], work.kernels,
+           (*a.inputs(work), *_outputs(out, c["scratch"]),
+            stats, index, work.sums, c["bad_q"], position_count, row_count, out["tokens"], out["accept_len"],
+            out["status"], L, V, *a.scalars, entropy_coef, tvd_threshold),
+           c["finish_constexprs"], num_warps=c["num_warps"], enable_fp_fusion=False)

@@ -119,6 +119,8 @@ RULES: dict[str, Rule] = {
     "cfg_scale": _real(),
     "temperature": _real(0),
     "top_k": _int(1, optional=True),
+    "top_p": _real(0, 1, open_low=True, optional=True),
+    "min_p": _real(0, 1, optional=True),
     "entropy_coef": _real(0),
     "tvd_threshold": _real(0, 1),
     "draft_init": _choice(DRAFT_INITS),

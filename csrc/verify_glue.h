@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -45,7 +47,7 @@ inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::
                                      double temperature, int64_t top_k, int64_t rule, double entropy_coef,
                                      double tvd_threshold, const at::Tensor& start, int64_t coupling,
                                      const at::Tensor& positions, const at::Tensor& seed, const at::Tensor& offset,
-                                     at::Device device) {
+                                     double top_p, double min_p, bool target_is_probs, at::Device device) {
   const char* op = "csd_kernels.verify_rows: ";
   TORCH_CHECK(target_logits.dim() == 3, op, "target_logits must be [B, L, V], got ", target_logits.sizes());
   CheckedArgs a;
@@ -100,6 +102,11 @@ inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::
               "coupling must be 0 (independent), 1 (maximal) or 2 (gumbel), got ", coupling);
   TORCH_CHECK(temperature >= 0.0, op, "temperature must be >= 0, got ", temperature);
   TORCH_CHECK(top_k >= 0, op, "top_k must be >= 0 (0 = no restriction), got ", top_k);
+  TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, op, "top_p must lie in (0, 1] (1 = no restriction), got ", top_p);
+  TORCH_CHECK(min_p >= 0.0 && min_p <= 1.0, op, "min_p must lie in [0, 1] (0 = no restriction), got ", min_p);
+  TORCH_CHECK(!target_is_probs || (target_logits.scalar_type() == at::kFloat && !uncond_logits.has_value() &&
+                                   temperature == 1.0 && top_k == 0 && top_p == 1.0 && min_p == 0.0),
+              op, "target probabilities must be float32, with no uncond_logits, temperature 1 and no top-k/p/min-p");
 
   VerifyParams& p = a.prm;
   p.vocab = a.V;
@@ -112,6 +119,10 @@ inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::
   p.entropy_coef = static_cast<float>(entropy_coef);
   p.tvd_threshold = static_cast<float>(tvd_threshold);
   p.coupling = static_cast<int>(coupling);
+  p.top_p = static_cast<float>(top_p);
+  p.log_min_p = min_p > 0.0 ? static_cast<float>(std::log(min_p)) : -std::numeric_limits<float>::infinity();
+  p.probs_input = target_is_probs ? 1 : 0;
+  p.prob_sum_tolerance = kProbSumTolerance;
   return a;
 }
 
@@ -209,7 +220,7 @@ namespace csd {
                     double cfg_scale, double temperature, int64_t top_k, int64_t rule, double entropy_coef,        \
                     double tvd_threshold, const at::Tensor& start, int64_t coupling,                            \
                     const at::Tensor& positions, const at::Tensor& seed, const at::Tensor& offset,                 \
-                    bool return_probs)
+                    bool return_probs, double top_p, double min_p, bool target_is_probs)
 
 CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cpu);
 #ifdef CSD_WITH_CUDA

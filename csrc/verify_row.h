@@ -120,12 +120,30 @@ struct VerifyParams {
   float entropy_coef;     // lambda
   float tvd_threshold;    // tau
   int coupling;         // kCoupling*
+  float top_p;          // 1: no restriction (reference.restrict_top_p)
+  float log_min_p;      // float32(ln min_p); -inf: no restriction (reference.restrict_min_p)
+  int probs_input;      // the logits pointer holds target probabilities w (p = w / sum w)
+  double prob_sum_tolerance;  // reference.PROB_SUM_TOLERANCE
 };
+
+constexpr double kProbSumTolerance = 1e-3;  // reference.PROB_SUM_TOLERANCE
+
+// A token is masked (p = 0, z = -inf) when either logit is -inf; NaN or +inf in either, or a mix of finite logits
+// that overflows, is bad input (reference.mixed_logits).
+CSD_HD bool logit_is_bad(float x) { return !(x < f_inf()); }
 
 // z = (u + s*(c - u)) * (1/T)   (no scaling when greedy)
 CSD_HD float mix_logit(float c, float u, const VerifyParams& prm) {
   float z = prm.has_uncond ? f_add(u, f_mul(prm.cfg_scale, f_sub(c, u))) : c;
   return prm.greedy ? z : f_mul(z, prm.inv_temperature);
+}
+
+// z with the -inf mask applied; *bad set when the element is bad input (see logit_is_bad).
+CSD_HD float masked_mix_logit(float c, float u, const VerifyParams& prm, bool* bad) {
+  const bool masked = c == -f_inf() || (prm.has_uncond && u == -f_inf());
+  const float z = mix_logit(c, u, prm);
+  *bad = logit_is_bad(c) || (prm.has_uncond && logit_is_bad(u)) || (!masked && !f_isfinite(z));
+  return masked ? -f_inf() : z;
 }
 
 // Sortable key of a float (monotone: a < b <=> key(a) < key(b); -0 sorts just below +0).

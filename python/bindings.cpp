@@ -143,7 +143,8 @@ TORCH_LIBRARY(csd_kernels, m) {
   m.def(
       "verify_rows(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, Tensor? uncond_logits, "
       "float cfg_scale, float temperature, int top_k, int rule, float entropy_coef, float tvd_threshold, "
-      "Tensor start, int coupling, Tensor positions, Tensor seed, Tensor offset, bool return_probs) "
+      "Tensor start, int coupling, Tensor positions, Tensor seed, Tensor offset, bool return_probs, "
+      "float top_p=1.0, float min_p=0.0, bool target_is_probs=False) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 

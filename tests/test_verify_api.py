@@ -75,14 +75,14 @@ def test_bad_shapes_and_dtypes(logits, drafts, probs, argument):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])  # -inf masks a token: tests/test_masked_and_probs.py
 @pytest.mark.parametrize("where", ["target_logits", "uncond_logits"])
 def test_non_finite_logits_are_reported_and_never_give_out_of_range_tokens(backend, bad, where):
     logits, drafts = _inputs(batch=3)
     uncond = torch.zeros_like(logits)
     (logits if where == "target_logits" else uncond)[1, 1, 2] = bad
     kwargs = dict(uncond_logits=uncond, cfg_scale=2.0, backend=backend)
-    with pytest.raises(ValueError, match="NaN or ±Inf"):
+    with pytest.raises(ValueError, match=r"NaN or \+Inf"):
         ck.verify(logits, drafts, **kwargs)
     res = ck.verify(logits, drafts, validate=False, **kwargs)
     assert res.status.tolist() == [0, ref.STATUS_BAD_LOGITS, 0]
@@ -101,7 +101,7 @@ def test_bad_draft_values_are_reported(backend):
     assert res.status.tolist() == [ref.STATUS_BAD_DRAFT_TOKEN, 0] and ((res.tokens >= 0) & (res.tokens < 5)).all()
     probs = torch.softmax(torch.randn(2, 3, 5), -1)
     probs[1, 0, 0] = -0.5
-    with pytest.raises(ValueError, match="draft_probs must be finite and non-negative"):
+    with pytest.raises(ValueError, match="draft_probs must be finite, non-negative and sum to 1"):
         ck.verify(logits, drafts, probs, backend=backend)
     missing = drafts.clone()
     missing[1, 0] = -1
@@ -145,7 +145,7 @@ def _op_args(backend, with_probs):
     probs = torch.full((1, 1, 1), 1 / 9).expand(2, 4, 9) if with_probs else None
     zeros = torch.zeros(2, dtype=torch.int64)
     return (logits, drafts, probs, torch.randn(2, 4, 9), 3.0, 0.7, 5, 1, 0.5, 0.65, zeros, 1, zeros,
-            torch.tensor([3]), torch.tensor([1]), True, backend)
+            torch.tensor([3]), torch.tensor([1]), True, 0.9, 0.05, False, backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -75,6 +75,8 @@ def generate(
     cfg_scale: float = 5.0,
     temperature: float = 1.0,
     top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    min_p: Optional[float] = None,
     entropy_coef: float = 0.5,
     tvd_threshold: float = 0.65,
     draft_init: str = "uniform",
@@ -101,8 +103,9 @@ def generate(
     """
     batch = check_prompt(input_ids, prompt_embeds, attention_mask)
     coupling = check_generate(mode, coupling, window=window, cfg_scale=cfg_scale, temperature=temperature,
-                              top_k=top_k, entropy_coef=entropy_coef, tvd_threshold=tvd_threshold,
-                              draft_init=draft_init, group_rank=group_rank, group_delta=group_delta, max_lead=max_lead)
+                              top_k=top_k, top_p=top_p, min_p=min_p, entropy_coef=entropy_coef,
+                              tvd_threshold=tvd_threshold, draft_init=draft_init, group_rank=group_rank,
+                              group_delta=group_delta, max_lead=max_lead)
     coupling = coupling or DEFAULT_COUPLING
     seeds = row_seeds(seed, batch)
     adapter = get_adapter(model)
@@ -113,7 +116,7 @@ def generate(
     window = 1 if mode == "ar" else min(window, total)
     run = Settings(mode, window, total, adapter.grid[1], adapter.vocab_size, cfg_scale, temperature, top_k,
                    entropy_coef, tvd_threshold, draft_init, coupling, backend, group_rank, group_delta,
-                   seeds.to(device), temperature > 0 and mode in ("sjd", "csd", "gsd"))
+                   seeds.to(device), temperature > 0 and mode in ("sjd", "csd", "gsd"), top_p=top_p, min_p=min_p)
     lead = DEFAULT_MAX_LEAD_FACTOR * window if max_lead is None else max_lead
     clock = _Clock(device, sync_timings)
 

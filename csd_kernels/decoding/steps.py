@@ -38,6 +38,8 @@ class Settings:
     group_delta: float
     seeds: torch.Tensor  # [B] per-row seeds
     need_q: bool  # drafts carry their q (sampling modes with T > 0)
+    top_p: Optional[float] = None
+    min_p: Optional[float] = None
 
 
 @dataclass
@@ -105,7 +107,8 @@ def forward(adapter, state: RowState, win: Window, drafted: Drafted):
 # ----------------------------------------------------------------------------------------------------------------------
 def _common(cond, uncond, run: Settings, state: RowState, win: Window, drafted: Drafted) -> dict:
     return dict(uncond_logits=uncond, cfg_scale=run.cfg_scale, temperature=run.temperature, top_k=run.top_k,
-                start=win.start, positions=drafted.positions, seed=run.seeds, offset=state.attempts)
+                top_p=run.top_p, min_p=run.min_p, start=win.start, positions=drafted.positions, seed=run.seeds,
+                offset=state.attempts)
 
 
 def _speculative(cond, uncond, q, run: Settings, state: RowState, win: Window, drafted: Drafted) -> Verified:

@@ -40,6 +40,7 @@ FORMAT = 1
 _TMP_SUFFIX = ".tmp"
 # generate() keywords a run records in run.json (with the model's defaults filled in), and their flags
 SETTINGS = {"window": "--window", "cfg_scale": "--cfg-scale", "temperature": "--temperature", "top_k": "--top-k",
+            "top_p": "--top-p", "min_p": "--min-p",
             "entropy_coef": "--entropy-coef", "tvd_threshold": "--tvd-threshold", "draft_init": "--draft-init",
             "backend": "--backend"}
 _RECORD_KEYS = ("mode", "index", "prompt", "seed", "forward_passes", "accepted", "mean_distortion", "wall_seconds",

@@ -32,6 +32,7 @@ S_BAD_LOGITS = tl.constexpr(ref.STATUS_BAD_LOGITS)
 S_BAD_TOKEN = tl.constexpr(ref.STATUS_BAD_DRAFT_TOKEN)
 S_BAD_PROBS = tl.constexpr(ref.STATUS_BAD_DRAFT_PROBS)
 S_MISSING = tl.constexpr(ref.STATUS_MISSING_COMMITTED_TOKEN)
+PROB_SUM_TOLERANCE = tl.constexpr(ref.PROB_SUM_TOLERANCE)
 F_STOP = tl.constexpr(16)  # flag bit (scratch only): this position ends the accepted prefix
 INDEPENDENT = tl.constexpr(ref.COUPLINGS.index("independent"))
 MAXIMAL = tl.constexpr(ref.COUPLINGS.index("maximal"))
@@ -107,15 +108,72 @@ def gumbel_uniforms(v0, pos, row_id, k0, k1, BLOCK: tl.constexpr):
 # Shared per-chunk helpers
 # ----------------------------------------------------------------------------------------------------------------
 @triton.jit
-def load_mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr):
-    """z = (u + s·(c − u))·(1/T) in fp32 (unscaled for T = 0); masked lanes hold 0."""
-    z = tl.load(c_row + offs, mask=mask, other=0.0).to(tl.float32)
+def _mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr):
+    """Elementwise (z, bad) of :func:`load_mix_flagged` (any shape of offs, scalars included)."""
+    c = tl.load(c_row + offs, mask=mask, other=0.0).to(tl.float32)
+    masked = c == float("-inf")
+    bad = ~(c < float("inf"))
+    z = c
     if HAS_UNCOND:
         u = tl.load(u_row + offs, mask=mask, other=0.0).to(tl.float32)
-        z = u + cfg_scale * (z - u)
+        masked = masked | (u == float("-inf"))
+        bad = bad | ~(u < float("inf"))
+        z = u + cfg_scale * (c - u)
     if not GREEDY:
         z = z * inv_t
+    bad = bad | (~masked & ~(tl.abs(z) < float("inf")))
+    return tl.where(masked, float("-inf"), z), mask & bad
+
+
+@triton.jit
+def load_mix_flagged(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr):
+    """(z, bad): z = (u + s·(c − u))·(1/T) in fp32 (unscaled for T = 0), −inf where c or u is −inf (a masked token);
+    bad = 1 if a lane of ``mask`` holds NaN or +inf in c or u, or a mix that overflows (int32 scalar). Lanes outside
+    ``mask`` hold 0."""
+    z, bad = _mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
+    return z, tl.max(bad.to(tl.int32), 0)
+
+
+@triton.jit
+def load_mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr):
+    """z of :func:`load_mix_flagged` without the flag."""
+    z, _bad = _mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
     return z
+
+
+@triton.jit
+def load_probs(w_row, offs, mask):
+    """(w, bad): target probabilities (0 outside ``mask``); bad = 1 if a lane is negative or not finite."""
+    w = tl.load(w_row + offs, mask=mask, other=0.0).to(tl.float32)
+    return w, tl.max((mask & ~((w >= 0.0) & (w < float("inf")))).to(tl.int32), 0)
+
+
+@triton.jit
+def load_prob(w_row, offs, mask):
+    """w at scalar (or any-shaped) offsets, without the reduction of :func:`load_probs`."""
+    return tl.load(w_row + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def log_or_minus_inf(w):
+    """ln w, −inf where w = 0 (the z of target probabilities, for the gumbel coupling and the support)."""
+    return tl.where(w > 0, tl.log(tl.where(w > 0, w, 1.0)), float("-inf"))
+
+
+@triton.jit
+def top_p_keep(z, e, mask, top_p):
+    """Lanes kept by top-p (reference.restrict_top_p): the largest order key t with Σ_{key ≥ t} e ≥ top_p·Σ e, by a
+    32-step bisection (e = exp(z − max z), 0 outside the current support)."""
+    key = order_key(z)
+    limit = top_p * tl.sum(tl.where(mask, e, 0.0), 0)
+    lo = tl.full((), -2147483648, tl.int64)
+    hi = tl.full((), 2147483647, tl.int64)
+    for _ in range(32):
+        mid = (lo + hi + 1) >> 1
+        ok = tl.sum(tl.where(mask & (key >= mid.to(tl.int32)), e, 0.0), 0) >= limit
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    return key >= lo.to(tl.int32)
 
 @triton.jit
 def nonfinite(x, mask):
@@ -152,7 +210,8 @@ def window_draft(draft_ptr, s_db, s_dl, start_ptr, s_start, b, i, V):
 
 @triton.jit
 def acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, CSD_RULE: tl.constexpr):
-    """(a(x), strict a(x)) as reference.acceptance_probability: 0 where q(x) = 0."""
+    """(a(x), strict a(x)) as reference.acceptance_probability: 0 where q(x) = 0 (callers pass q(x) = 0 for a draft
+    outside the support of p)."""
     pos_ok = q_x > 0
     ratio = tl.where(pos_ok, p_x / tl.where(pos_ok, q_x, 1.0), 0.0)
     strict_a = tl.minimum(ratio, 1.0)
@@ -164,10 +223,11 @@ def acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, CSD_RULE: tl.const
 
 
 @triton.jit
-def gated_distortion(p, q, lambda_h):
+def gated_distortion(p, q, lambda_h, support):
     """Per-token term of the closed-form distortion with the csd gate open, division free: q·a − min(p, q) with
-    a = min(1, p/q + λH) is min(q − p, λH·q) where p < q and 0 elsewhere (0 with the gate closed)."""
-    return tl.where(p < q, tl.minimum(q - p, lambda_h * q), 0.0)
+    a = min(1, p/q + λH) is min(q − p, λH·q) where p < q and 0 elsewhere (0 with the gate closed, and outside the
+    support of p, where a = 0)."""
+    return tl.where(support & (p < q), tl.minimum(q - p, lambda_h * q), 0.0)
 
 
 @triton.jit

@@ -24,11 +24,12 @@ from .common import (
     GUMBEL,
     INDEPENDENT,
     MAXIMAL,
+    PROB_SUM_TOLERANCE,
     acceptance,
     gated_distortion,
     gumbel_uniforms,
     load_mix,
-    nonfinite,
+    load_mix_flagged,
     position_rng,
     row_epilogue,
     row_key,
@@ -36,8 +37,8 @@ from .common import (
     window_draft,
 )
 
-N_STATS: tl.constexpr = tl.constexpr(4)  # m_s, Z_s, S1_s, gumbel best        (+ int: bad flag, argmax index)
-N_SUMS: tl.constexpr = tl.constexpr(4)  # Σ|p − q|, Σ max(p − q, 0), Σ p, gated distortion  (+ int: bad q flag)
+N_STATS: tl.constexpr = tl.constexpr(5)  # m_s, Z_s, S1_s, gumbel best, (unused)  (+ int: bad flag, argmax index)
+N_SUMS: tl.constexpr = tl.constexpr(5)  # Σ|p − q|, Σ max(p − q, 0), Σ p, gated distortion, Σ q  (+ int: bad q flag)
 
 
 @triton.jit
@@ -66,9 +67,8 @@ def split_stats_kernel(
     tl.store(position_count_ptr + position, 0, mask=s == 0)
     tl.store(row_count_ptr + b, 0, mask=(s == 0) & (i == 0))
 
-    z = load_mix(logits_ptr + b * s_cb + i * s_cl, uncond_ptr + b * s_ub + i * s_ul, offs, mask, cfg_scale, inv_t,
-                 HAS_UNCOND, GREEDY)
-    bad = nonfinite(z, mask)
+    z, bad = load_mix_flagged(logits_ptr + b * s_cb + i * s_cl, uncond_ptr + b * s_ub + i * s_ul, offs, mask,
+                              cfg_scale, inv_t, HAS_UNCOND, GREEDY)
     z = tl.where(mask, z, float("-inf"))
     m = tl.max(z, 0)
     if GREEDY:
@@ -77,8 +77,9 @@ def split_stats_kernel(
         s1 = tl.zeros((), tl.float32)
         g_best = tl.zeros((), tl.float32)
     else:
-        d = tl.where(mask, z - m, 0.0)
-        e = tl.where(mask, tl.exp(d), 0.0)
+        kept = z > float("-inf")  # masked tokens (and a slice with none kept: m = −inf) add nothing
+        d = tl.where(kept, z - m, 0.0)
+        e = tl.where(kept, tl.exp(d), 0.0)
         z_sum = tl.sum(e, 0)
         s1 = tl.sum(e * d, 0)
         if GUMBEL:
@@ -108,6 +109,7 @@ def _combine_stats(stats_ptr, index_ptr, position, n_split, V, GREEDY: tl.conste
     bad = tl.max(tl.load(index_ptr + (position * n_split + sv) * 2, mask=smask, other=0), 0) > 0
     m_s = tl.load(stats_ptr + row + 0, mask=smask, other=float("-inf"))
     m = tl.max(m_s, 0)
+    bad = bad | (m == float("-inf"))  # no finite logit in the row
     # the first slice holding the maximum holds the first argmax (slices are in vocabulary order)
     first = tl.min(tl.where(smask & (m_s == m), sv, S_BLOCK), 0)
     amax = tl.load(index_ptr + (position * n_split + first) * 2 + 1, mask=first < n_split, other=0)
@@ -118,8 +120,9 @@ def _combine_stats(stats_ptr, index_ptr, position, n_split, V, GREEDY: tl.conste
     else:
         z_s = tl.load(stats_ptr + row + 1, mask=smask, other=0.0)
         s1_s = tl.load(stats_ptr + row + 2, mask=smask, other=0.0)
-        shift = tl.where(smask, m_s - m, 0.0)
-        scale = tl.where(smask, tl.exp(shift), 0.0)
+        live = smask & (m_s > float("-inf"))  # a slice of masked tokens only adds nothing
+        shift = tl.where(live, m_s - m, 0.0)
+        scale = tl.where(live, tl.exp(shift), 0.0)
         z_total = tl.sum(z_s * scale, 0)
         inv_z = 1.0 / z_total
         h = tl.log(z_total) - tl.sum(scale * (s1_s + shift * z_s), 0) * inv_z
@@ -140,14 +143,16 @@ def _combine_stats(stats_ptr, index_ptr, position, n_split, V, GREEDY: tl.conste
 @triton.jit
 def _slice_p(c_row, u_row, offs, mask, bad, m, inv_z, amax, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr,
              GREEDY: tl.constexpr):
-    """p on one slice (0 outside the vocabulary)."""
+    """(p, support) on one slice (p = 0 outside the vocabulary and at masked tokens)."""
     if GREEDY:
         p = tl.where(mask & (offs == amax), 1.0, 0.0)
+        support = mask
     else:
         z = load_mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
         z = tl.where(bad, 0.0, z)
-        p = tl.where(mask, tl.exp(z - m) * inv_z, 0.0)
-    return p
+        support = mask & (z > float("-inf"))
+        p = tl.where(support, tl.exp(z - m) * inv_z, 0.0)
+    return p, support
 
 
 @triton.jit
@@ -188,7 +193,7 @@ def _slice_search(weight_totals_ptr, position, n_split, target_u, c_row, u_row, 
 
     offs = chosen * BLOCK_V + tl.arange(0, BLOCK_V)
     mask = offs < V
-    p = _slice_p(c_row, u_row, offs, mask, bad, m, inv_z, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
+    p, _support = _slice_p(c_row, u_row, offs, mask, bad, m, inv_z, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
     q, _bad_q = _slice_q(q_row, s_qv, offs, mask, x, HAS_Q)
     w = tl.where(USE_RESIDUAL, tl.maximum(p - q, 0.0), p)
     cdf = carry + tl.cumsum(w, 0)
@@ -224,14 +229,15 @@ def split_finish_kernel(
     x, bad_tok, has_draft, committed = window_draft(draft_ptr, s_db, s_dl, start_ptr, s_start, b, i, V)
 
     # ---- this slice's sums
-    p = _slice_p(c_row, u_row, offs, mask, bad, m, inv_z, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
+    p, support = _slice_p(c_row, u_row, offs, mask, bad, m, inv_z, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
     q, bad_q = _slice_q(q_row, s_qv, offs, mask, x, HAS_Q)
     if RETURN_PROBS:
         tl.store(probs_ptr + position * V + offs, tl.where(bad, float("nan"), p), mask=mask)
     tl.store(sums_ptr + pid * N_SUMS + 0, tl.sum(tl.abs(p - q), 0))
     tl.store(sums_ptr + pid * N_SUMS + 1, tl.sum(tl.maximum(p - q, 0.0), 0))
     tl.store(sums_ptr + pid * N_SUMS + 2, tl.sum(p, 0))
-    tl.store(sums_ptr + pid * N_SUMS + 3, tl.sum(gated_distortion(p, q, entropy_coef * h), 0))
+    tl.store(sums_ptr + pid * N_SUMS + 3, tl.sum(gated_distortion(p, q, entropy_coef * h, support), 0))
+    tl.store(sums_ptr + pid * N_SUMS + 4, tl.sum(q, 0))
     tl.store(bad_q_ptr + pid, bad_q)
 
     # ---- the last program of the position to arrive finishes it
@@ -246,19 +252,24 @@ def split_finish_kernel(
         p_total = tl.sum(tl.load(sums + 2, mask=smask, other=0.0, cache_modifier=".cg"), 0)
         bad_q_s = tl.load(bad_q_ptr + position * n_split + sv, mask=smask, other=0, cache_modifier=".cg")
         bad_q_row = tl.max(bad_q_s, 0) > 0
+        if HAS_Q:  # q rows must sum to 1 (reference.PROB_SUM_TOLERANCE)
+            q_total = tl.sum(tl.load(sums + 4, mask=smask, other=0.0, cache_modifier=".cg"), 0)
+            bad_q_row = bad_q_row | ~(tl.abs(q_total - 1.0) <= PROB_SUM_TOLERANCE)
         tvd = tl.where(bad_q_row, 0.5 * p_total, 0.5 * abs_diff)
 
         x_safe = tl.maximum(x, 0)
         if GREEDY:
             p_x = tl.where(x_safe == amax, 1.0, 0.0)
+            x_in_support = x_safe == amax
         else:
-            z_x = load_mix(c_row, u_row, x_safe, has_draft, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
-            p_x = tl.exp(tl.where(bad, 0.0, z_x) - m) * inv_z
+            z_x = tl.where(bad, 0.0, load_mix(c_row, u_row, x_safe, has_draft, cfg_scale, inv_t, HAS_UNCOND, GREEDY))
+            p_x = tl.exp(z_x - m) * inv_z
+            x_in_support = z_x > float("-inf")  # a masked draft is rejected: q(x) counts as 0
         if HAS_Q:
             q_x = tl.load(q_row + x_safe * s_qv, mask=has_draft, other=0.0).to(tl.float32)
-            q_x = tl.where(bad_q_row | ~has_draft, 0.0, q_x)
+            q_x = tl.where(bad_q_row | ~has_draft | ~x_in_support, 0.0, q_x)
         else:
-            q_x = tl.where(has_draft, 1.0, 0.0)
+            q_x = tl.where(has_draft & x_in_support, 1.0, 0.0)
         p_x = tl.where(has_draft, p_x, 0.0)
 
         a, strict_a = acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, CSD_RULE)

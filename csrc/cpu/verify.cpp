@@ -191,7 +191,8 @@ std::string cpu_isa() {
 CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cpu) {
   const CheckedArgs a = check_verify_args(target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale,
                                           temperature, top_k, rule, entropy_coef, tvd_threshold, start, coupling,
-                                          positions, seed, offset, target_logits.device());
+                                          positions, seed, offset, top_p, min_p, target_is_probs,
+                                          target_logits.device());
   TORCH_CHECK(target_logits.device().is_cpu(), "csd_kernels.verify_rows (CPU): tensors must be on the CPU");
   const PreparedCall call = prepare_call(a, target_logits, draft_tokens, draft_probs, uncond_logits, start, positions,
                                          seed, offset, return_probs);

@@ -146,14 +146,32 @@ struct Row {
   int64_t greedy_token = 0;
   bool has_thr = false;
 
-  __device__ float z(int64_t v) const {
+  // Target probabilities (prm.probs_input, float32 only): w_v.
+  __device__ float w(int64_t v) const { return reinterpret_cast<const float*>(c)[v]; }
+  // z_v: the masked mix (reference.mixed_logits), or ln w for target probabilities; *bad for bad input.
+  __device__ float z_checked(int64_t v, bool* bad) const {
+    if (prm.probs_input) {
+      const float wv = w(v);
+      *bad = !(wv >= 0.0f && wv < f_inf());
+      return wv > 0.0f ? logf(wv) : -f_inf();
+    }
     const float cv = LogitLoad<T>::load(c, v);
     const float uv = u ? LogitLoad<T>::load(u, v) : 0.0f;
-    return mix_logit(cv, uv, prm);
+    return masked_mix_logit(cv, uv, prm, bad);
   }
-  __device__ bool kept(float zv) const { return !has_thr || zv >= thr; }
-  // exp(z - max) where kept, else 0
+  __device__ float z(int64_t v) const {
+    bool bad;
+    return z_checked(v, &bad);
+  }
+  // In the support of p: finite z above the top-k / top-p / min-p threshold.
+  __device__ bool kept(float zv) const { return (!has_thr || zv >= thr) && zv > -f_inf(); }
+  __device__ bool in_support(int64_t v) const { return prm.greedy ? v == greedy_token : kept(z(v)); }
+  // exp(z - max) where kept (w for target probabilities), else 0
   __device__ float e(int64_t v) const {
+    if (prm.probs_input) {
+      const float wv = w(v);
+      return wv > 0.0f ? wv : 0.0f;
+    }
     const float zv = z(v);
     return kept(zv) ? expf(f_sub(zv, m)) : 0.0f;
   }

@@ -14,7 +14,7 @@ namespace cuda {
 
 // Per-slice statistics and sums (struct of arrays over the B*L*S blocks) and the arrival counters.
 struct SplitWorkspace {
-  double *z_sum, *s1, *abs_sum, *residual_sum, *p_sum, *dist_sum;  // [P*S]
+  double *z_sum, *s1, *abs_sum, *residual_sum, *p_sum, *dist_sum, *q_sum;  // [P*S]
   int64_t* index;                                                   // [P*S] argmax (T = 0) or gumbel argmax
   float *max, *gumbel_best;                                         // [P*S]
   int32_t *bad, *bad_q;                                             // [P*S]
@@ -37,6 +37,7 @@ __host__ __device__ inline size_t carve_split_workspace(void* base, int64_t bloc
   ws->residual_sum = static_cast<double*>(take(blocks * sizeof(double)));
   ws->p_sum = static_cast<double*>(take(blocks * sizeof(double)));
   ws->dist_sum = static_cast<double*>(take(blocks * sizeof(double)));
+  ws->q_sum = static_cast<double*>(take(blocks * sizeof(double)));
   ws->index = static_cast<int64_t*>(take(blocks * sizeof(int64_t)));
   ws->max = static_cast<float*>(take(blocks * sizeof(float)));
   ws->gumbel_best = static_cast<float*>(take(blocks * sizeof(float)));

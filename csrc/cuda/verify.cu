@@ -65,6 +65,32 @@ __device__ float block_kth_largest(const Row<T>& row, int64_t V, int64_t k, Bloc
   return float_from_order_key(prefix);
 }
 
+// The top-p threshold (reference.restrict_top_p): the largest order key t whose mass, the sum of exp(z - max) over
+// the kept z with key >= t, reaches top_p times the mass of every kept z; a bisection over the 32-bit keys (±0 share
+// one key, as torch compares them equal). The returned z keeps ties at the threshold.
+template <typename T>
+__device__ float block_top_p_threshold(const Row<T>& row, int64_t V, float top_p, BlockShared<kWarps>& sh) {
+  auto key_of = [](float zv) { return float_order_key(zv == 0.0f ? 0.0f : zv); };
+  auto mass = [&](uint32_t lo) {
+    float s = 0.0f;
+    for (int64_t v = threadIdx.x; v < V; v += kThreads) {
+      const float zv = row.z(v);
+      if (row.kept(zv) && key_of(zv) >= lo) s = f_add(s, expf(f_sub(zv, row.m)));
+    }
+    return static_cast<float>(block_sum(s, sh));
+  };
+  const float limit = f_mul(top_p, mass(0u));
+  uint64_t lo = 0, hi = 0xFFFFFFFFull;
+  while (lo < hi) {  // the same lo and hi in every thread (block_sum broadcasts)
+    const uint64_t mid = (lo + hi + 1) / 2;
+    if (mass(static_cast<uint32_t>(mid)) >= limit)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return float_from_order_key(static_cast<uint32_t>(lo));
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyProblem a) {
   __shared__ BlockShared<kWarps> sh;
@@ -85,24 +111,42 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   float u_accept, u_sample;
   step_uniforms(key, pos, a.offset[a.n_offset == 1 ? 0 : b], &u_accept, &u_sample);
 
-  // 1. max and finiteness
+  // 1. max and bad input (target probabilities: also their sums Z = sum w and sum w ln w)
   float m = -f_inf();
   bool bad = false;
+  float ws = 0.0f, wls = 0.0f;
   for (int64_t v = threadIdx.x; v < V; v += kThreads) {
-    const float zv = row.z(v);
-    bad |= !f_isfinite(zv);
+    bool bad_v;
+    const float zv = row.z_checked(v, &bad_v);
+    bad |= bad_v;
     m = zv > m ? zv : m;
+    if (prm.probs_input && zv > -f_inf()) {
+      const float wv = row.w(v);
+      ws = f_add(ws, wv);
+      wls = f_add(wls, f_mul(wv, zv));
+    }
   }
   m = block_max(m, sh);
-  const bool bad_logits = block_any(bad, sh);
+  bool bad_logits = block_any(bad, sh) || !(m > -f_inf());  // bad input, or no finite logit
+  double w_sum = 0.0, wl_sum = 0.0;
+  if (prm.probs_input) {
+    w_sum = block_sum(ws, sh);
+    wl_sum = block_sum(wls, sh);
+    bad_logits = bad_logits || !(fabs(w_sum - 1.0) <= prm.prob_sum_tolerance);
+  }
 
   const float* q = a.draft_probs ? a.draft_probs + b * a.q_sB + i * a.q_sL : nullptr;
   const bool q_scalar = q && a.q_sV == 0;
   bool bad_probs = false;
   if (q) {
     bool qbad = false;
-    for (int64_t v = threadIdx.x; v < (q_scalar ? 1 : V); v += kThreads) qbad |= !(f_isfinite(q[v]) && q[v] >= 0.0f);
-    bad_probs = block_any(qbad, sh);
+    float qs = 0.0f;
+    for (int64_t v = threadIdx.x; v < (q_scalar ? 1 : V); v += kThreads) {
+      qbad |= !(f_isfinite(q[v]) && q[v] >= 0.0f);
+      qs = f_add(qs, q[v]);
+    }
+    const double q_sum = q_scalar ? static_cast<double>(q[0]) * V : block_sum(qs, sh);
+    bad_probs = block_any(qbad, sh) || !(fabs(q_sum - 1.0) <= prm.prob_sum_tolerance);
   }
   const bool q_full = q && !q_scalar && !bad_probs;
   const float q0 = (q_scalar && !bad_probs) ? q[0] : 0.0f;
@@ -124,7 +168,10 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   // 2-3. greedy token, or top-k threshold and the softmax sums
   row.m = m;
   float h = 0.0f;
-  if (prm.greedy) {
+  if (prm.probs_input) {
+    row.scale = f_div(1.0f, static_cast<float>(w_sum));
+    h = entropy_from_sums(w_sum, wl_sum);
+  } else if (prm.greedy) {
     int64_t first = V;
     for (int64_t v = threadIdx.x; v < V; v += kThreads)
       if (row.z(v) == m && v < first) first = v;
@@ -132,6 +179,20 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   } else {
     if (prm.top_k > 0 && prm.top_k < V) {
       row.thr = block_kth_largest(row, V, prm.top_k, sh);
+      row.has_thr = true;
+    }
+    if (prm.top_p < 1.0f) {
+      row.thr = block_top_p_threshold(row, V, prm.top_p, sh);
+      row.has_thr = true;
+    }
+    if (prm.log_min_p > -f_inf()) {
+      float lowest = m;  // the smallest kept z with z - max >= ln(min_p)
+      for (int64_t v = threadIdx.x; v < V; v += kThreads) {
+        const float zv = row.z(v);
+        if (row.kept(zv) && f_sub(zv, m) >= prm.log_min_p && zv < lowest) lowest = zv;
+      }
+      lowest = -block_max(-lowest, sh);
+      row.thr = row.has_thr && row.thr > lowest ? row.thr : lowest;
       row.has_thr = true;
     }
     float zs = 0.0f, es = 0.0f;
@@ -161,7 +222,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
     const float qv = q_full ? q[v] : q0;
     const float d = f_sub(pv, qv);
     sa = f_add(sa, fabsf(d));
-    sd = f_add(sd, gated_distortion_term(pv, qv, lambda_h));
+    if (row.in_support(v)) sd = f_add(sd, gated_distortion_term(pv, qv, lambda_h));
     // the residual's mass (one-hot q: p without the draft token); only "is it positive" is used
     sr = f_add(sr, one_hot_q ? (v == token ? 0.0f : pv) : (d > 0.0f ? d : 0.0f));
   }
@@ -170,15 +231,17 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   const bool residual_positive = block_sum(sr, sh) > 0.0;
 
   const float p_x = row.p(has_draft ? token : 0);
+  // a draft outside the support of p (masked, or cut by top-k / top-p / min-p) is rejected: q(x) counts as 0
+  const bool x_in_support = has_draft && row.in_support(token);
   float q_x = 0.0f;
-  if (has_draft) q_x = a.draft_probs ? (q_full ? q[token] : q0) : 1.0f;
+  if (x_in_support) q_x = a.draft_probs ? (q_full ? q[token] : q0) : 1.0f;
   if (one_hot_q) sum_abs += static_cast<double>(fabsf(f_sub(p_x, 1.0f))) - static_cast<double>(p_x);
   const float tvd = static_cast<float>(0.5 * sum_abs);  // q = 0 (no draft, no draft_probs): TVD = sum p / 2
   const PositionDecision dec = decide_position(p_x, q_x, h, tvd, has_draft, u_accept, prm);
   if (dec.accepted) flags |= kFlagAccepted;
   float distortion = 0.0f;
   if (has_draft && dec.gate_open)
-    distortion = one_hot_q ? distortion_term(p_x, 1.0f, lambda_h) : static_cast<float>(sum_dist);
+    distortion = one_hot_q ? (x_in_support ? distortion_term(p_x, 1.0f, lambda_h) : 0.0f) : static_cast<float>(sum_dist);
 
   // 5. draws
   const Row<T>& r = row;
@@ -205,7 +268,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
     later = from_p;
   } else if (prm.coupling == kCouplingMaximal) {
     later = dec.keep_draft ? token : resampled;
-  } else if (prm.greedy) {
+  } else if (prm.greedy && !prm.probs_input) {
     later = row.greedy_token;
   } else {
     float best = -f_inf();
@@ -257,7 +320,8 @@ extern "C" int64_t csd_verify_split_block(const csd::VerifyProblem* args) {
   const csd::VerifyProblem& a = *args;
   const char* flag = getenv("CSD_KERNELS_CUDA_SPLIT");
   if (flag == nullptr || strcmp(flag, "1") != 0) return 0;
-  if (a.B * a.L == 0 || (a.prm.top_k > 0 && !a.prm.greedy)) return 0;
+  if (a.B * a.L == 0 || a.prm.probs_input) return 0;
+  if (!a.prm.greedy && (a.prm.top_k > 0 || a.prm.top_p < 1.0f || a.prm.log_min_p > -INFINITY)) return 0;
   constexpr int64_t kBlock = 1024, kMaxSlices = 256;
   int64_t block = kBlock;
   while ((a.prm.vocab + block - 1) / block > kMaxSlices) block *= 2;

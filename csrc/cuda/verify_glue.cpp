@@ -13,7 +13,8 @@ CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cuda) {
   TORCH_CHECK(target_logits.is_cuda(), "csd_kernels.verify_rows (CUDA): target_logits must be a CUDA tensor");
   const CheckedArgs a = check_verify_args(target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale,
                                           temperature, top_k, rule, entropy_coef, tvd_threshold, start, coupling,
-                                          positions, seed, offset, target_logits.device());
+                                          positions, seed, offset, top_p, min_p, target_is_probs,
+                                          target_logits.device());
   const c10::cuda::CUDAGuard guard(target_logits.device());
   PreparedCall call = prepare_call(a, target_logits, draft_tokens, draft_probs, uncond_logits, start, positions, seed,
                                    offset, return_probs);

@@ -86,8 +86,9 @@ __global__ void __launch_bounds__(kSplitThreads) split_stats_kernel(VerifyProble
   float m = -f_inf();
   bool bad = false;
   for (int64_t v = c.v0 + threadIdx.x; v < c.v1; v += kSplitThreads) {
-    const float zv = row.z(v);
-    bad |= !f_isfinite(zv);
+    bool bad_v;
+    const float zv = row.z_checked(v, &bad_v);
+    bad |= bad_v;
     m = zv > m ? zv : m;
   }
   m = block_max(m, sh);
@@ -104,7 +105,9 @@ __global__ void __launch_bounds__(kSplitThreads) split_stats_kernel(VerifyProble
   } else {
     float zs = 0.0f, es = 0.0f;
     for (int64_t v = c.v0 + threadIdx.x; v < c.v1; v += kSplitThreads) {
-      const float x = f_sub(row.z(v), m);
+      const float zv = row.z(v);
+      if (!(zv > -f_inf())) continue;  // a masked token adds nothing
+      const float x = f_sub(zv, m);
       const float ev = expf(x);
       zs = f_add(zs, ev);
       es = f_add(es, f_mul(ev, x));
@@ -161,7 +164,7 @@ __device__ Combined combine_stats(const VerifyProblem& a, const SplitBlock& c, c
     bad |= ws.bad[base + t] != 0;
   }
   m = block_max(m, sh);
-  out.bad = block_any(bad, sh);
+  out.bad = block_any(bad, sh) || !(m > -f_inf());  // bad input, or no finite logit in the row
   if (a.prm.greedy) {
     int64_t first = c.n_split;  // the first slice holding the maximum holds the first argmax
     for (int64_t t = threadIdx.x; t < c.n_split; t += kSplitThreads)
@@ -175,6 +178,7 @@ __device__ Combined combine_stats(const VerifyProblem& a, const SplitBlock& c, c
   float best = -f_inf();
   int64_t best_i = a.prm.vocab;
   for (int64_t t = threadIdx.x; t < c.n_split; t += kSplitThreads) {
+    if (!(ws.max[base + t] > -f_inf())) continue;  // a slice of masked tokens only
     const double shift = static_cast<double>(ws.max[base + t]) - static_cast<double>(m);
     const double scale = exp(shift);
     z_total += ws.z_sum[base + t] * scale;
@@ -233,15 +237,18 @@ struct PositionSums {
   bool bad_q;
 };
 
-__device__ PositionSums gather_sums(const SplitWorkspace& ws, const SplitBlock& c, Shared& sh) {
+// has_q: draft_probs was given, so its row must sum to 1 within `tolerance`.
+__device__ PositionSums gather_sums(const SplitWorkspace& ws, const SplitBlock& c, bool has_q, double tolerance,
+                                    Shared& sh) {
   const int64_t base = c.item * c.n_split;
-  double abs_s = 0.0, res_s = 0.0, p_s = 0.0, dist_s = 0.0;
+  double abs_s = 0.0, res_s = 0.0, p_s = 0.0, dist_s = 0.0, q_s = 0.0;
   bool bad_q = false;
   for (int64_t t = threadIdx.x; t < c.n_split; t += kSplitThreads) {
     abs_s += __ldcg(ws.abs_sum + base + t);
     res_s += __ldcg(ws.residual_sum + base + t);
     p_s += __ldcg(ws.p_sum + base + t);
     dist_s += __ldcg(ws.dist_sum + base + t);
+    q_s += __ldcg(ws.q_sum + base + t);
     bad_q |= __ldcg(ws.bad_q + base + t) != 0;
   }
   PositionSums s;
@@ -249,7 +256,8 @@ __device__ PositionSums gather_sums(const SplitWorkspace& ws, const SplitBlock& 
   s.residual = block_sum(res_s, sh);
   s.p = block_sum(p_s, sh);
   s.dist = block_sum(dist_s, sh);
-  s.bad_q = block_any(bad_q, sh);
+  q_s = block_sum(q_s, sh);
+  s.bad_q = block_any(bad_q, sh) || (has_q && !(fabs(q_s - 1.0) <= tolerance));
   return s;
 }
 
@@ -284,7 +292,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProbl
   const float lambda_h = f_mul(prm.entropy_coef, st.h);
 
   // ---- this slice's sums
-  float sa = 0.0f, sr = 0.0f, sp = 0.0f, sd = 0.0f;
+  float sa = 0.0f, sr = 0.0f, sp = 0.0f, sd = 0.0f, sq = 0.0f;
   bool bad_q = false;
   float* probs_out = a.probs ? a.probs + c.item * V : nullptr;
   for (int64_t v = c.v0 + threadIdx.x; v < c.v1; v += kSplitThreads) {
@@ -296,22 +304,24 @@ __global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProbl
     sa = f_add(sa, fabsf(d));
     sr = f_add(sr, d > 0.0f ? d : 0.0f);
     sp = f_add(sp, pv);
-    sd = f_add(sd, gated_distortion_term(pv, qv, lambda_h));
+    if (!st.bad && row.in_support(v)) sd = f_add(sd, gated_distortion_term(pv, qv, lambda_h));
+    sq = f_add(sq, qv);
   }
   const double abs_s = block_sum(sa, sh), res_s = block_sum(sr, sh), p_s = block_sum(sp, sh);
-  const double dist_s = block_sum(sd, sh);
+  const double dist_s = block_sum(sd, sh), q_s = block_sum(sq, sh);
   bad_q = block_any(bad_q, sh);
   if (threadIdx.x == 0) {
     ws.abs_sum[c.id] = abs_s;
     ws.residual_sum[c.id] = res_s;
     ws.p_sum[c.id] = p_s;
     ws.dist_sum[c.id] = dist_s;
+    ws.q_sum[c.id] = q_s;
     ws.bad_q[c.id] = bad_q ? 1 : 0;
   }
   if (!arrive_last(ws.position_count + c.item, static_cast<unsigned>(c.n_split), sh)) return;
 
   // ---- the last block of the position: decision, draws, outputs
-  const PositionSums sums = gather_sums(ws, c, sh);
+  const PositionSums sums = gather_sums(ws, c, a.draft_probs != nullptr, prm.prob_sum_tolerance, sh);
   const bool shared_seed = a.n_seed == 1;
   const RowKey key = row_key(a.seed[shared_seed ? 0 : c.b], shared_seed, c.b);
   const uint32_t pos = absolute_position(a.positions[c.b], c.i);
@@ -331,7 +341,9 @@ __global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProbl
     }
   } else {
     const float p_x = has_draft ? row.p(token) : 0.0f;
-    const float q_x = !has_draft ? 0.0f : (!q.q ? 1.0f : (sums.bad_q ? 0.0f : q.at(token)));
+    // a masked draft is rejected: q(x) counts as 0
+    const bool x_in_support = has_draft && row.in_support(token);
+    const float q_x = !x_in_support ? 0.0f : (!q.q ? 1.0f : (sums.bad_q ? 0.0f : q.at(token)));
     const float tvd = static_cast<float>(0.5 * (sums.bad_q ? sums.p : sums.abs));
     const PositionDecision dec = decide_position(p_x, q_x, st.h, tvd, has_draft, u_accept, prm);
     if (dec.accepted) flags |= kFlagAccepted;

@@ -1,0 +1,95 @@
+"""The direct Triton launch (csd_kernels.triton_launch) passes the launcher exactly what Triton's own path passes.
+
+Runs in a subprocess with Triton's interpreter off and the stub driver of benchmarks/host_time.py (an sm_90 target
+whose launches record their arguments): the first call of a shape goes through Triton's binder, the second through
+the cached kernel; both must hand the launcher the same arguments (tensors compared by dtype and shape, the
+workspace by identity). A misaligned input must not reuse a kernel specialized for aligned pointers.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+sys.path.insert(0, "benchmarks")
+import host_time
+stub = host_time._install_stub_driver()
+import torch
+import csd_kernels as ck
+from csd_kernels import triton_verify
+triton_verify.is_available = lambda device: (True, "")
+from triton.runtime import jit
+binder_runs = []
+_run = jit.JITFunction.run
+def counted_run(self, *args, **kwargs):
+    binder_runs.append(self)
+    return _run(self, *args, **kwargs)
+jit.JITFunction.run = counted_run
+
+def describe(args):
+    return [(a.dtype, tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a for a in args]
+
+def calls(kwargs, logits, drafts, q):
+    stub.record = []
+    seed, offset = torch.tensor([5]), torch.tensor([2])
+    runs = []
+    for _ in range(2):
+        binder_runs.clear()
+        ck.verify(logits, drafts, q, seed=seed, offset=offset, backend="triton", validate=False, **kwargs)
+        runs.append(len(binder_runs))
+    assert runs == [2, 0], runs  # the first call binds both launches, the second launches directly
+    first, second = stub.record[: len(stub.record) // 2], stub.record[len(stub.record) // 2:]
+    assert len(first) == len(second) == 2, len(stub.record)
+    for a, b in zip(first, second):
+        assert a[:3] == b[:3] and a[3] == b[3], (a[:4], b[:4])  # grid, stream
+        assert describe(a[9:]) == describe(b[9:]), (describe(a[9:]), describe(b[9:]))
+    return stub.record
+
+g = torch.Generator().manual_seed(0)
+for vocab, kwargs in [(300, dict(rule="csd")), (300, dict(top_k=5, coupling="gumbel")), (70000, dict(top_k=3)),
+                      (300, dict(top_p=0.9, temperature=0.7, rule="strict")), (300, dict(temperature=0))]:
+    logits = torch.randn(2, 4, vocab, generator=g)
+    q = torch.softmax(torch.randn(2, 4, vocab, generator=g), -1)
+    drafts = torch.randint(0, vocab, (2, 4), generator=g)
+    calls(kwargs, logits, drafts, q)
+    keys = len(triton_verify._WORKSPACES)
+    misaligned = torch.randn(2 * 4 * vocab + 1, generator=g)[1:].reshape(2, 4, vocab)  # 4 bytes off
+    calls(kwargs, misaligned, drafts, q)
+    assert len(triton_verify._WORKSPACES) > keys, "a misaligned input reused an aligned specialization"
+print("ok")
+"""
+
+
+def test_direct_launch_passes_what_tritons_binder_passes():
+    result = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+def test_a_replaced_plan_gets_its_own_workspace(monkeypatch):
+    """The workspace cache is keyed by the plan too: forcing a path (as tests/test_triton_kernel.py does) after a call
+    of the same shape must run that path, not the cached one."""
+    from csd_kernels import testing
+    from csd_kernels import triton_verify as tv
+
+    if not tv.is_available("cpu")[0]:
+        pytest.skip("the triton interpreter is off")
+    case = testing.make_case(1, 2, 64, cfg=False, q="dense", seed=0)
+    args = (case["target_logits"], case["draft_tokens"], case["draft_probs"], None, 1.0, 1.0, 0, 0, 0.5, 0.65,
+            case["start"], 0, case["positions"], case["seed"], case["offset"], False)
+    launched = []
+    launch = tv.launch
+    monkeypatch.setattr(tv, "launch", lambda kernel, *a, **k: (launched.append(kernel), launch(kernel, *a, **k)))
+    tv.verify_triton(*args)
+    assert launched[0] is tv.split.split_stats_kernel
+    launched.clear()
+    monkeypatch.setattr(tv, "plan", lambda *a, **k: tv.Plan("register", 64, 4))
+    tv.verify_triton(*args)
+    assert launched[0] is tv.register.position_kernel
