@@ -28,7 +28,8 @@ from .steps import VERIFY, Settings
 
 __all__ = ["StaticState", "static_step", "StaticLoop", "DEFAULT_LAG"]
 
-DEFAULT_LAG = 2  # iterations between a flag's copy and its read on an asynchronous device (0 on the CPU)
+DEFAULT_LAG = 2  # iterations between a flag's copy and its read on an asynchronous device
+CPU_LAG = 0  # the CPU runs each iteration before the host goes on: a read costs nothing, a surplus iteration does
 
 
 @dataclass
@@ -152,7 +153,7 @@ class StaticLoop:
         self.adapter, self.settings, self.state = adapter, run, state
         self.device = state.n.device
         asynchronous = self.device.type != "cpu"
-        self.lag = (DEFAULT_LAG if asynchronous else 0) if lag is None else int(lag)
+        self.lag = (DEFAULT_LAG if asynchronous else CPU_LAG) if lag is None else int(lag)
         self.cuda_graph = cuda_graph
         self.iterations = 0
 

@@ -133,7 +133,7 @@ class CachedImageLM:
             self._pads = (mask == 0).sum(-1).to(torch.int64)
             self._key_valid = torch.ones(rows, capacity, dtype=torch.bool, device=mask.device)
             self._key_valid[:, : self.prompt_len] = mask != 0
-        return RowCache(self.backbone.config.num_hidden_layers, capacity)
+        return RowCache(self.backbone.config, rows, capacity, self.dtype, self.device)
 
     def _run_rows(self, inputs: dict, slots: torch.Tensor) -> torch.Tensor:
         """One backbone call writing its T inputs at slots [R, T] of the RowCache -> last hidden state [R, T, D].

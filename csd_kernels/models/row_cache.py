@@ -59,10 +59,13 @@ def _cache_classes():
             self.owner = owner
 
         def lazy_initialization(self, key_states, value_states) -> None:
-            rows, heads, _, _ = key_states.shape
-            capacity = self.owner.capacity
-            self.keys = key_states.new_zeros(rows, heads, capacity, key_states.shape[-1])
-            self.values = value_states.new_zeros(rows, heads, capacity, value_states.shape[-1])
+            rows, heads, _, head_dim = key_states.shape
+            self.allocate(rows, heads, head_dim, key_states.dtype, key_states.device)
+
+        def allocate(self, rows: int, heads: int, head_dim: int, dtype, device) -> None:
+            shape = (rows, heads, self.owner.capacity, head_dim)
+            self.keys = torch.zeros(shape, dtype=dtype, device=device)
+            self.values = torch.zeros(shape, dtype=dtype, device=device)
             self.is_initialized = True
 
         def update(self, key_states, value_states, *args, **kwargs):
@@ -84,10 +87,14 @@ def _cache_classes():
     class RowCache(Cache):
         """A transformers ``Cache`` with ``capacity`` slots per row; set ``slots`` [R, T] before each forward."""
 
-        def __init__(self, num_layers: int, capacity: int):
+        def __init__(self, config, rows: int, capacity: int, dtype, device):
             self.capacity = int(capacity)
             self.slots: Optional[torch.Tensor] = None
-            super().__init__(layers=[RowLayer(self) for _ in range(num_layers)])
+            super().__init__(layers=[RowLayer(self) for _ in range(config.num_hidden_layers)])
+            heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            for layer in self.layers:  # now, not at the first forward: every static call then runs the same ops
+                layer.allocate(rows, heads, head_dim, dtype, device)
 
     return RowCache
 
@@ -95,8 +102,9 @@ def _cache_classes():
 _ROW_CACHE = None
 
 
-def RowCache(num_layers: int, capacity: int):  # noqa: N802 - a class, built on first use (transformers is optional)
-    global _ROW_CACHE
+def RowCache(config, rows: int, capacity: int, dtype: torch.dtype, device):  # noqa: N802 - a class built on first
+    """A transformers Cache of ``capacity`` slots for each of ``rows`` rows, for a decoder of ``config``."""
+    global _ROW_CACHE  # use (transformers is imported only then)
     if _ROW_CACHE is None:
         _ROW_CACHE = _cache_classes()
-    return _ROW_CACHE(num_layers, capacity)
+    return _ROW_CACHE(config, rows, capacity, dtype, device)
