@@ -162,7 +162,7 @@ def stage_syncs(device: torch.device, out_dir) -> bool:
                     counts["inside"] += inside.count
                     counts["lagged"] += lagged.count
                     counts["iterations"] += 1
-                    if flags is not None and flags[0] >= self.settings.total:
+                    if (flags is not None and flags[0] >= self.settings.total) or counts["iterations"] > 4 * 16:
                         break
 
             StaticLoop.run = run

@@ -28,25 +28,13 @@ def janus_pro_7b_config(layers: int = 30):
     )
 
 
-def _randomize(model: torch.nn.Module, std: float = 0.02) -> torch.nn.Module:
-    """Finite random weights (unit norm gains) in place: on an empty (to_empty) model the memory is garbage."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.fill_(1.0 if "norm" in name else 0.0)
-            else:
-                p.normal_(0.0, std)
-    return model
-
-
 def janus_pro_7b(device="meta", dtype=torch.bfloat16, layers: int = 30):
+    """Built (and randomly initialised by transformers) on ``device`` itself: buffers such as RoPE's come out right."""
     from transformers import JanusForConditionalGeneration
 
-    with torch.device("meta"):
+    with torch.device(device):
         model = JanusForConditionalGeneration(janus_pro_7b_config(layers))
     model = model.to(dtype=dtype)
-    if torch.device(device).type != "meta":
-        model = _randomize(model.to_empty(device=device))
     model.generation_config.generation_kwargs = {"boi_token_id": JANUS_BOI}
     model.generation_config.pad_token_id = JANUS_PAD
     model.generation_config.bos_token_id = JANUS_BOS
@@ -64,14 +52,9 @@ def llamagen_gpt_l(device="meta", dtype=torch.bfloat16):
     from csd_kernels.models.llamagen.gpt import PRESETS, ModelArgs, Transformer
 
     args = ModelArgs(**PRESETS["GPT-L"], vocab_size=16384, block_size=576, num_classes=1000, model_type="c2i")
-    with torch.device("meta"):
+    with torch.device(device):  # PyTorch's default initialisation, on the device
         model = Transformer(args)
-    model = model.to(dtype=dtype)
-    if torch.device(device).type != "meta":
-        model = _randomize(model.to_empty(device=device))
-    else:
-        model = model.to("meta")  # recomputes the RoPE table on meta
-    return LlamaGenAdapter(model.eval())
+    return LlamaGenAdapter(model.to(dtype=dtype).eval())
 
 
 def llamagen_prompt(batch: int, device="cpu") -> torch.Tensor:

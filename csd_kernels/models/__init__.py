@@ -7,11 +7,11 @@ from .janus import JANUS_DEFAULTS, JanusAdapter, janus_prompt
 from .llamagen import LlamaGenAdapter, load_llamagen
 from .llamagen.gpt import Transformer as _LlamaGenTransformer
 from .lumina import LUMINA_DEFAULTS, LuminaMGPT, load_lumina_mgpt, lumina_grid, lumina_prompt
-from .protocol import ImageAdapter, is_adapter
+from .protocol import ImageAdapter, StaticImageAdapter, is_adapter
 
 __all__ = ["ImageAdapter", "ImageGPT", "JANUS_DEFAULTS", "JanusAdapter", "LUMINA_DEFAULTS", "LlamaGenAdapter",
-           "LuminaMGPT", "get_adapter", "is_adapter", "janus_prompt", "load_llamagen", "load_lumina_mgpt",
-           "lumina_grid", "lumina_prompt"]
+           "LuminaMGPT", "StaticImageAdapter", "get_adapter", "is_adapter", "janus_prompt", "load_llamagen",
+           "load_lumina_mgpt", "lumina_grid", "lumina_prompt"]
 
 
 def get_adapter(model):
