@@ -172,13 +172,13 @@ def verify_triton(
                        PER_ROW_SEED=seed.numel() != 1),
         )
         launch = _launch_split if chosen.path == "split" else _launch_per_position
-        with _device_guard(device):  # launch on the tensors' device, not the current one
+        with device_guard(device):  # launch on the tensors' device, not the current one
             launch(chosen, args, out, scratch, int(top_k), float(entropy_coef), float(tvd_threshold))
     o = out
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
 
 
-def _device_guard(device: torch.device):
+def device_guard(device: torch.device):
     """torch.cuda.device(device) for CUDA tensors (Triton launches on the current device), else a no-op."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 

@@ -258,3 +258,28 @@ def test_static_option_errors(families):
 
     with pytest.raises(ValueError, match="static=True needs an adapter with static_cache"):
         generate(Eager(), **prompt, static=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Triton launches under the tensors' device guard
+# ----------------------------------------------------------------------------------------------------------------------
+def test_triton_launches_under_the_tensors_device_guard(monkeypatch):
+    """Triton launches on the current CUDA device: both launch sites enter device_guard(tensors' device) first (run
+    here by Triton's interpreter on CPU tensors, with the guard recorded)."""
+    import contextlib
+
+    from csd_kernels import drafts, triton_verify
+
+    entered = []
+
+    @contextlib.contextmanager
+    def recording_guard(device):
+        entered.append(torch.device(device))
+        yield
+
+    monkeypatch.setattr(triton_verify, "device_guard", recording_guard)
+    seed, offset, positions = torch.tensor([1]), torch.tensor([0]), torch.tensor([0, 3])
+    drafts._triton_draft_tokens(seed, offset, positions, 4, 16)
+    logits = torch.randn(2, 3, 16)
+    ops.verify(logits, torch.full((2, 3), -1), backend="triton")
+    assert entered == [torch.device("cpu")] * 2
