@@ -8,13 +8,17 @@
 #   bench      the verify benchmark (benchmarks/bench_verify.py: wall time, vs the authors' loop)
 #   host       host time of one eager Triton call (benchmarks/host_time.py --cuda: 1000 calls, validate=False)
 #   sanitize   compute-sanitizer memcheck / racecheck / synccheck over benchmarks/gpu_sanitize.py
+#   loop_tokens  the decoding loop: CUDA vs CPU tokens on the tiny fixtures, eager / static / static+graph
+#   loop_syncs   host syncs per iteration of each loop (torch.cuda.set_sync_debug_mode)
+#   loop_speed   wall time per iteration and image, first-call time, GPU-busy fraction at LlamaGen GPT-L and
+#                Janus-Pro-7B shapes, random bf16 weights (benchmarks/gpu_loop.py; the loop_* stages: <= 5 min)
 # Usage: bash benchmarks/gpu_check.sh [OUT_DIR] [STAGE ...]   (default: every stage; results land in OUT_DIR,
 # default benchmarks/results/gpu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-benchmarks/results/gpu}"
 shift || true
-stages="${*:-build tests agreement timing bench host sanitize}"
+stages="${*:-build tests agreement timing bench host sanitize loop_tokens loop_syncs loop_speed}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 failed=()
@@ -60,5 +64,8 @@ run_stage timing 240 python3 benchmarks/gpu_timing.py --sweep --out "$out"
 run_stage bench 180 python3 benchmarks/bench_verify.py --device cuda --out "$out"
 run_stage host 120 python3 benchmarks/host_time.py --cuda --calls 1000 --out "$out"
 run_stage sanitize 300 sanitize
+run_stage loop_tokens 60 python3 benchmarks/gpu_loop.py tokens --out "$out"
+run_stage loop_syncs 30 python3 benchmarks/gpu_loop.py syncs --out "$out"
+run_stage loop_speed 210 python3 benchmarks/gpu_loop.py speed --out "$out"
 echo "failed stages: ${failed[*]:-none}"
 [ ${#failed[@]} -eq 0 ]

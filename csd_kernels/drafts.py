@@ -16,6 +16,8 @@ def random_draft_tokens(seed: torch.Tensor, offset: torch.Tensor, positions: tor
                         vocab: int) -> torch.Tensor:
     """[B, L] int64 uniformly random tokens in [0, V).  Shape: seed [1] or [B], offset [1] or [B], positions [B]."""
     device = positions.device
+    if torch.compiler.is_compiling():  # traced: the reference, which torch.compile fuses
+        return ref.random_draft_tokens(seed, offset, positions, length, vocab)
     if device.type == "cpu" and compiled_extension() is not None:
         return compiled_extension().random_draft_tokens(seed, offset, positions, length, vocab)
     if device.type == "cuda" and backend_status("triton", device)[0]:
@@ -30,8 +32,9 @@ def _triton_draft_tokens(seed, offset, positions, length, vocab):
     batch = positions.numel()
     out = torch.empty((batch, length), dtype=torch.int64, device=positions.device)
     if batch * length:
-        draft_tokens_kernel[(batch,)](
-            seed, seed.stride(0) if seed.numel() != 1 else 0, offset, offset.stride(0) if offset.numel() != 1 else 0,
-            positions, positions.stride(0), out, length, vocab, PER_ROW_SEED=seed.numel() != 1,
-            BLOCK_L=max(16, 1 << (length - 1).bit_length()), num_warps=1)
+        with torch.cuda.device(positions.device):  # launch on the tensors' device, not the current one
+            draft_tokens_kernel[(batch,)](
+                seed, seed.stride(0) if seed.numel() != 1 else 0, offset,
+                offset.stride(0) if offset.numel() != 1 else 0, positions, positions.stride(0), out, length, vocab,
+                PER_ROW_SEED=seed.numel() != 1, BLOCK_L=max(16, 1 << (length - 1).bit_length()), num_warps=1)
     return out

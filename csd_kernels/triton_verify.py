@@ -20,6 +20,7 @@ docs/measurements.md).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -178,12 +179,13 @@ def verify_triton(
             scalars=(float(cfg_scale), _fp32(1.0 / temperature) if not greedy else 1.0),  # 1/T rounded once, as ref
             flags=flags,
         )
-        if work.plan.path == "split":
-            _launch_split(work, args, out, int(top_k), float(entropy_coef), float(tvd_threshold))
-        else:
-            log_min_p = _fp32(math.log(min_p)) if min_p > 0 else float("-inf")  # ln rounded once, as the reference
-            _launch_per_position(work, args, out, int(top_k), float(entropy_coef), float(tvd_threshold),
-                                 (_fp32(top_p), log_min_p), nucleus)
+        with device_guard(device):  # launch on the tensors' device, not the current one
+            if work.plan.path == "split":
+                _launch_split(work, args, out, int(top_k), float(entropy_coef), float(tvd_threshold))
+            else:
+                log_min_p = _fp32(math.log(min_p)) if min_p > 0 else float("-inf")  # ln rounded once, as the reference
+                _launch_per_position(work, args, out, int(top_k), float(entropy_coef), float(tvd_threshold),
+                                     (_fp32(top_p), log_min_p), nucleus)
     o = out
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
 
@@ -258,6 +260,11 @@ def _workspace(key: tuple, B: int, L: int, V: int, top_k: bool, device: torch.de
                                                 device=device)  # contiguous
             work.ints = torch.empty((programs * 3 + B * L + B,), dtype=torch.int32, device=device)
     return work
+
+
+def device_guard(device: torch.device):
+    """torch.cuda.device(device) for CUDA tensors (Triton launches on the current device), else a no-op."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 @dataclass

@@ -6,6 +6,7 @@ keeps the rest as the next drafts (their q = this iteration's p). Rows keep thei
 (keyed by seed, grid position and the row's own attempt count), so a batched row equals the row alone; rows more than
 ``max_lead`` tokens ahead of the slowest sit an iteration out, bounding the forward to max_lead + W tokens. One host
 sync per iteration (accept_len). See docs/decoding.md for the modes, the couplings and the counting.
+``static=True`` runs the fixed-shape, sync-free form of the same iteration instead (static.py, docs/fast-path.md).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import torch
 from .. import reference as ref
 from ..grouped import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
 from ..models import get_adapter
+from ..models.protocol import is_static_adapter
 from ..validation import DRAFT_INITS, MODES, check_backend, check_generate, check_prompt, check_prompt_ids, row_seeds
 from .state import RowState
+from .static import StaticLoop, StaticState
 from .steps import VERIFY, Settings, commit, draft_probs, draft_window, forward
 
 __all__ = ["MODES", "COUPLINGS", "DEFAULT_COUPLING", "DRAFT_INITS", "GenerateOutput", "generate"]
@@ -88,6 +91,9 @@ def generate(
     group_delta: float = DEFAULT_GROUP_DELTA,
     sync_timings: bool = False,
     max_lead: Optional[int] = None,
+    static: bool = False,
+    cuda_graph: Optional[bool] = None,
+    compile: bool = False,
 ) -> GenerateOutput:
     """Generate images with speculative Jacobi decoding (see the module docstring).
 
@@ -100,6 +106,10 @@ def generate(
     GSD group (k, δ). sync_timings: on CUDA, synchronise around the timed phases (otherwise asynchronous model work is
     attributed to verify, where the loop waits for accept_len). max_lead: rows more than max_lead committed tokens
     ahead of the slowest row pause (None = one window); the tokens do not depend on it, only the pass counts do.
+    static: the fixed-shape iteration on a per-row static KV cache, no host sync inside (same tokens and passes
+    at B = 1; every row its own window, so max_lead does not apply). cuda_graph (static only; None = on for CUDA):
+    capture one iteration in a CUDA graph and replay it. compile (static only): the iteration under
+    torch.compile(fullgraph=True).
     """
     batch = check_prompt(input_ids, prompt_embeds, attention_mask)
     coupling = check_generate(mode, coupling, window=window, cfg_scale=cfg_scale, temperature=temperature,
@@ -109,6 +119,7 @@ def generate(
     coupling = coupling or DEFAULT_COUPLING
     seeds = row_seeds(seed, batch)
     adapter = get_adapter(model)
+    cuda_graph = _check_static(adapter, static, cuda_graph, compile, max_lead)
     device = adapter.device
     check_backend(backend, device)
     check_prompt_ids(input_ids, getattr(adapter, "prompt_vocab_size", None))
@@ -119,9 +130,13 @@ def generate(
                    seeds.to(device), temperature > 0 and mode in ("sjd", "csd", "gsd"), top_p=top_p, min_p=min_p)
     lead = DEFAULT_MAX_LEAD_FACTOR * window if max_lead is None else max_lead
     clock = _Clock(device, sync_timings)
+    if static:
+        adapter.static_cache(window)
 
     prefill_passes = clock.time("model", lambda: _prefill(adapter, input_ids, prompt_embeds, attention_mask,
                                                           cfg_scale != 1.0))
+    if static:
+        return _generate_static(adapter, run, batch, prefill_passes, clock, progress, cuda_graph, compile)
     state = RowState.empty(batch, total, window, run.vocab, run.need_q, device)
     bar = _progress_bar(progress, total, mode)
     while not state.done(total):
@@ -137,6 +152,38 @@ def generate(
         bar.close()
     images = clock.time("decode", lambda: adapter.decode(state.seq))
     return _output(state, adapter, images, prefill_passes, clock, batch)
+
+
+def _generate_static(adapter, run: Settings, batch: int, prefill_passes: int, clock: "_Clock", progress: bool,
+                     cuda_graph: bool, compile: bool) -> GenerateOutput:
+    state = StaticState.empty(batch, run.total, run.window, run.vocab, run.need_q, adapter.device)
+    loop = StaticLoop(adapter, run, state, cuda_graph=cuda_graph, compile=compile)
+    bar = _progress_bar(progress, run.total, run.mode)
+    clock.time("loop", lambda: loop.run(bar))
+    if bar is not None:
+        bar.close()
+    tokens, maps, accepted, _ = loop.output()
+    images = clock.time("decode", lambda: adapter.decode(tokens))
+    done = RowState(tokens, maps, [run.total] * batch, state.n[:, None], state.drafted[:, None], [False] * batch,
+                    state.attempts, state.q_store, accepted)
+    return _output(done, adapter, images, prefill_passes, clock, batch)
+
+
+def _check_static(adapter, static: bool, cuda_graph: Optional[bool], compile: bool, max_lead) -> bool:
+    """Checks the static-loop options; returns whether to capture a CUDA graph."""
+    if not static:
+        if cuda_graph or compile:
+            raise ValueError("cuda_graph and compile apply to static=True only")
+        return False
+    if not is_static_adapter(adapter):
+        raise ValueError(f"static=True needs an adapter with static_cache() and forward_static(); "
+                         f"{type(adapter).__name__} has none")
+    if max_lead is not None:
+        raise ValueError("max_lead applies to static=False (the static loop gives every row its own window)")
+    on_cuda = adapter.device.type == "cuda"
+    if cuda_graph and not on_cuda:
+        raise ValueError(f"cuda_graph=True needs a model on a CUDA device, not {adapter.device}")
+    return on_cuda if cuda_graph is None else bool(cuda_graph)
 
 
 def _verify(cond, uncond, run: Settings, state: RowState, win, drafted):
@@ -166,7 +213,7 @@ class _Clock:
     def __init__(self, device: torch.device, sync: bool):
         self.sync = sync and device.type == "cuda"
         self.device = device
-        self.seconds = {"model": 0.0, "verify": 0.0, "decode": 0.0}
+        self.seconds = {"model": 0.0, "verify": 0.0, "decode": 0.0}  # (+ "loop": the static loop, all phases)
         self.begin = time.perf_counter()
 
     def time(self, phase: str, fn):
@@ -174,7 +221,7 @@ class _Clock:
         out = fn()
         if self.sync:
             torch.cuda.synchronize(self.device)
-        self.seconds[phase] += time.perf_counter() - t0
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
         return out
 
     def summary(self) -> dict:

@@ -9,12 +9,12 @@ from .janus_checkpoint import load_janus_pro
 from .llamagen import LlamaGenAdapter, load_llamagen
 from .llamagen.gpt import Transformer as _LlamaGenTransformer
 from .lumina import LUMINA_DEFAULTS, LuminaMGPT, load_lumina_mgpt, lumina_grid, lumina_prompt
-from .protocol import ImageAdapter, is_adapter
+from .protocol import ImageAdapter, StaticImageAdapter, is_adapter
 
 __all__ = ["EMU3_DEFAULTS", "Emu3Adapter", "ImageAdapter", "ImageGPT", "JANUS_DEFAULTS", "JanusAdapter",
-           "LUMINA_DEFAULTS", "LlamaGenAdapter", "LuminaMGPT", "emu3_grid", "emu3_prompt", "get_adapter", "is_adapter",
-           "janus_prompt", "load_emu3", "load_janus_pro", "load_llamagen", "load_lumina_mgpt", "lumina_grid",
-           "lumina_prompt"]
+           "LUMINA_DEFAULTS", "LlamaGenAdapter", "LuminaMGPT", "StaticImageAdapter", "emu3_grid", "emu3_prompt",
+           "get_adapter", "is_adapter", "janus_prompt", "load_emu3", "load_janus_pro", "load_llamagen",
+           "load_lumina_mgpt", "lumina_grid", "lumina_prompt"]
 
 
 def get_adapter(model):

@@ -11,6 +11,10 @@ A subclass supplies the model-specific pieces:
 * ``_to_model_ids(tokens)``: grid ids -> model vocabulary ids (what ``_window`` receives);
 * ``_head(hidden [R, L, D])`` -> logits over the image vocabulary [R, L, V];
 * ``_seq_index(k)``: sequence index of the input x_k (k >= -1) = the cache length ``crop(k)`` leaves.
+
+The static form (``static_cache`` / ``forward_static``, see :mod:`.protocol`) runs the same pieces on a
+:class:`~.row_cache.RowCache`; a family with forced tokens between grid tokens overrides ``_window_static`` and
+``_static_span`` (Lumina-mGPT), one whose prompt end is embedded differently overrides ``_inputs_static`` (Janus).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Optional
 import torch
 
 from .protocol import PaddedRows, cache_kwarg, crop_cache, new_dynamic_cache
+from .row_cache import RowCache, additive_mask, chain_visibility
 
 __all__ = ["CachedImageLM"]
 
@@ -40,6 +45,10 @@ class CachedImageLM:
         self.cfg = False
         self.prompt_len = 0  # P: padded prompt length including the final token
         self._last_ids: Optional[torch.Tensor] = None  # [R] the prompt's final token per model row
+        self._static_window: Optional[int] = None  # set by static_cache(): the next prefill allocates a RowCache
+        self._static = False  # this generation runs on a RowCache
+        self._key_valid: Optional[torch.Tensor] = None  # [R, S] False at padded prompt slots (None: no padding)
+        self._pads: Optional[torch.Tensor] = None  # [R] left padding per row
 
     # ---------------------------------------------------------------------------------------------------------------
     @property
@@ -56,6 +65,8 @@ class CachedImageLM:
         """One backbone call appending T positions to the cache -> last hidden state [R, T, D]."""
         x = inputs.get("input_ids", inputs.get("inputs_embeds"))
         length = x.shape[1]
+        if self._static:  # the static prefill: slots 0 .. T-1
+            return self._run_rows(inputs, torch.arange(length, device=x.device)[None, :].expand(x.shape[0], -1))
         mask, positions = self.rows.step(self.cache.get_seq_length(), length)
         out = self.backbone(
             **inputs, attention_mask=mask, position_ids=positions, use_cache=True, **{self._cache_kw: self.cache}
@@ -70,8 +81,10 @@ class CachedImageLM:
         ids, mask = self._prompt_rows(input_ids.to(self.device), None if attention_mask is None else
                                       attention_mask.to(self.device), cfg)
         self.prompt_len = int(ids.shape[1])
-        self.rows = PaddedRows(mask)
-        self.cache = new_dynamic_cache(self._cache_config)
+        self.rows = PaddedRows(mask, self.dtype)
+        window, self._static_window = self._static_window, None  # a static_cache() request holds for one prefill
+        self._static = window is not None
+        self.cache = new_dynamic_cache(self._cache_config) if window is None else self._row_cache(mask, window)
         self._last_ids = ids[:, -1]
         if self.prompt_len == 1:
             return 0
@@ -103,6 +116,76 @@ class CachedImageLM:
 
     def _seq_index(self, k: int) -> int:
         return self.prompt_len + k  # x_{-1} sits at P - 1
+
+    # ---------------------------------------------------------------------------------------------------------------
+    # the static form
+    # ---------------------------------------------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.backbone.parameters()).dtype
+
+    def static_cache(self, window: int) -> None:
+        """The next prefill (only) allocates a per-row static cache with room for ``window`` inputs past the grid."""
+        self._static_window = int(window)
+
+    def _row_cache(self, mask: Optional[torch.Tensor], window: int):
+        """A RowCache for prompt + grid + window inputs per row; the prompt's padding as key_valid and pads."""
+        rows = (2 if self.cfg else 1) * self.batch
+        total = self.grid[0] * self.grid[1]
+        capacity = self._seq_index(total - 1) + self._static_span(window)
+        self._pads = torch.zeros(rows, dtype=torch.int64, device=self.device)
+        self._key_valid = None
+        if mask is not None:
+            self._pads = (mask == 0).sum(-1).to(torch.int64)
+            self._key_valid = torch.ones(rows, capacity, dtype=torch.bool, device=mask.device)
+            self._key_valid[:, : self.prompt_len] = mask != 0
+        return RowCache(self.backbone.config, rows, capacity, self.dtype, self.device)
+
+    def _run_rows(self, inputs: dict, slots: torch.Tensor) -> torch.Tensor:
+        """One backbone call writing its T inputs at slots [R, T] of the RowCache -> last hidden state [R, T, D].
+        Positions count real tokens (slot minus the row's left padding), as in the eager path."""
+        cache = self.cache
+        visible = chain_visibility(slots, cache.capacity, self._key_valid)  # [R, T, S]
+        cache.slots = slots
+        out = self.backbone(**inputs, attention_mask=additive_mask(visible, self.dtype),
+                            position_ids=(slots - self._pads[:, None]).clamp(min=0), use_cache=True,
+                            **{self._cache_kw: cache})
+        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+    @torch.no_grad()
+    def forward_static(self, tokens: torch.Tensor, first: torch.Tensor):
+        """tokens [B, W] = x_{first_b} .. per row, first [B] -> (cond [B, W, V], uncond [B, W, V] | None)."""
+        ids = self._to_model_ids(tokens)  # [B, W]
+        if self.cfg:
+            ids, first = torch.cat([ids, ids], 0), torch.cat([first, first], 0)  # [R, W], [R]
+        inputs, slots, keep = self._window_static(ids, first)
+        hidden = self._run_rows(inputs, slots)  # [R, T, D]
+        if keep is not None:
+            hidden = hidden.gather(1, keep[..., None].expand(-1, -1, hidden.shape[-1]))  # [R, W, D]
+        logits = self._head(hidden)
+        if self.cfg:
+            return logits[: self.batch], logits[self.batch :]
+        return logits, None
+
+    def _at_prompt_end(self, ids: torch.Tensor, first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids with the prompt's final token in slot 0 of rows at first = -1, that slot [R, W] bool)."""
+        slot0 = torch.arange(ids.shape[1], device=ids.device)[None, :] == 0
+        at_prompt = slot0 & (first[:, None] == -1)
+        return torch.where(at_prompt, self._last_ids[:, None], ids), at_prompt
+
+    def _window_static(self, ids: torch.Tensor, first: torch.Tensor):
+        """(model inputs with T = _static_span(W) positions, their cache slots [R, T], the output slot [R, W] that
+        predicts each grid token or None when it is the input's own slot)."""
+        ids, at_prompt = self._at_prompt_end(ids, first)
+        slots = self.prompt_len + first[:, None] + torch.arange(ids.shape[1], device=ids.device)[None, :]
+        return self._inputs_static(ids, at_prompt), slots, None
+
+    def _inputs_static(self, ids: torch.Tensor, at_prompt: torch.Tensor) -> dict:
+        return {"input_ids": ids}
+
+    def _static_span(self, window: int) -> int:
+        """Cache slots one static forward of ``window`` grid inputs writes."""
+        return window
 
     # defaults for adapters whose grid tokens map to a contiguous id range and need no forced tokens
     def _window(self, ids: torch.Tensor, first: int):

@@ -98,6 +98,13 @@ class JanusAdapter(CachedImageLM):
             embeds = self.model.prepare_embeddings_for_image_generation(ids)
         return {"inputs_embeds": embeds}, None
 
+    def _inputs_static(self, ids, at_prompt):
+        # the prompt's final token takes the text embedding, image tokens the generation embedding (both computed,
+        # one chosen per slot: the same shapes whether or not a row is at the prompt's end)
+        text = self.model.get_input_embeddings()(torch.where(at_prompt, ids, 0))  # [R, W, D]
+        image = self.model.prepare_embeddings_for_image_generation(torch.where(at_prompt, 0, ids)).to(text.dtype)
+        return {"inputs_embeds": torch.where(at_prompt[..., None], text, image)}
+
     def _head(self, hidden):
         return self.model.model.generation_head(hidden)  # [R, L, V]
 

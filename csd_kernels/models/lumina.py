@@ -169,6 +169,24 @@ class LuminaMGPT(CachedImageLM):
         keep = None if ends == 0 else slot + row_end  # output slot that predicts x_{k+1}
         return {"input_ids": seq}, keep
 
+    def _static_span(self, window):
+        return window + -(-window // self.grid[1])  # W inputs and at most ceil(W / width) row ends among them
+
+    def _window_static(self, ids, first):
+        # per row: x_first .. x_{first+W-1} with a row end after every x_k, k % width == width - 1; trailing spare
+        # slots hold row ends too (past every real input: nothing reads them before they are overwritten)
+        ids, _ = self._at_prompt_end(ids, first)
+        rows, length = ids.shape
+        width, span = self.grid[1], self._static_span(length)
+        k = first[:, None] + torch.arange(length, device=ids.device)[None, :]  # [R, W]
+        row_end = ((k >= 0) & (k % width == width - 1)).to(torch.int64)
+        slot = torch.arange(length, device=ids.device)[None, :] + row_end.cumsum(1) - row_end  # [R, W]
+        seq = torch.full((rows, span), self.row_end_token_id, dtype=ids.dtype, device=ids.device)
+        seq = seq.scatter(1, slot, ids)  # [R, T]
+        base = self.prompt_len + first + torch.where(first >= 0, first // width, 0)  # [R] _seq_index(first)
+        slots = base[:, None] + torch.arange(span, device=ids.device)[None, :]
+        return {"input_ids": seq}, slots, slot + row_end
+
     def _head(self, hidden):
         head = self.model.lm_head
         start, end = self.image_start, self.image_start + self.vocab_size

@@ -21,6 +21,12 @@ An adapter is stateful (it holds the KV cache of the current generation); :func:
 Optional: an adapter whose prompts are embeddings rather than token ids (LlamaGen t2i: caption features) implements
 ``prefill_embeds(prompt_embeds [B, S, C], attention_mask [B, S] or None, cfg) -> model calls``, with the same
 contract as ``prefill``; ``generate(model, prompt_embeds=...)`` calls it instead of ``prefill``.
+
+The static form (:class:`StaticImageAdapter`, used by ``generate(..., static=True)``): ``static_cache(window)`` before
+``prefill`` makes the prefill allocate a preallocated per-row KV cache (prompt, grid and ``window`` more inputs per
+row); then ``forward_static(tokens [B, W], first [B])`` feeds every row W inputs x_{first_b} .. x_{first_b+W-1} at
+its own positions and returns (cond, uncond) logits [B, W, V], with no crop, no concatenation and no host sync: the
+same tensor shapes every call. Inputs past the grid are allowed (their logits are junk and never used).
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ from typing import Optional, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["ImageAdapter", "cache_kwarg", "crop_cache", "new_dynamic_cache", "is_adapter", "to_uint8_images",
-           "PaddedRows"]
+from .row_cache import additive_mask, chain_visibility
+
+__all__ = ["ImageAdapter", "StaticImageAdapter", "cache_kwarg", "crop_cache", "new_dynamic_cache", "is_adapter",
+           "is_static_adapter", "to_uint8_images", "PaddedRows"]
 
 
 @runtime_checkable
@@ -65,6 +73,21 @@ class ImageAdapter(Protocol):
         ...
 
 
+@runtime_checkable
+class StaticImageAdapter(ImageAdapter, Protocol):
+    """The fixed-shape form of the protocol (see the module docstring)."""
+
+    def static_cache(self, window: int) -> None:
+        """The next ``prefill`` allocates a per-row static cache with room for ``window`` inputs past the grid."""
+        ...
+
+    def forward_static(self, tokens: torch.Tensor, first: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """tokens [B, W] int64 = x_{first_b} .. x_{first_b+W-1} per row (first [B] int64 >= -1; at first_b = -1
+        tokens[b, 0] is ignored and the prompt's final token is used) -> (cond [B, W, V], uncond [B, W, V] or None)
+        logits predicting x_{first_b+1} .. x_{first_b+W}. One target-model call, the same shapes every call."""
+        ...
+
+
 _PROTOCOL_METHODS = ("prefill", "forward", "crop", "image_sequence", "decode")
 
 
@@ -73,6 +96,11 @@ def is_adapter(obj) -> bool:
     return hasattr(obj, "grid") and hasattr(obj, "vocab_size") and all(
         callable(getattr(obj, m, None)) for m in _PROTOCOL_METHODS
     )
+
+
+def is_static_adapter(obj) -> bool:
+    """True when obj also implements the static form (``static_cache`` and ``forward_static``)."""
+    return is_adapter(obj) and all(callable(getattr(obj, m, None)) for m in ("static_cache", "forward_static"))
 
 
 def cache_kwarg(module) -> str:
@@ -110,12 +138,14 @@ class PaddedRows:
     """Bookkeeping for left-padded rows (prompts of different lengths, or CFG rows with a shorter prompt).
 
     Holds the 2-D attention mask of the prompt part [R, P] and per-row pad counts. ``step(cache_len, length)``
-    returns (attention_mask [R, cache_len + length] or None, position_ids [R, length] or None) for a forward call
-    that appends ``length`` positions to a cache of ``cache_len``: None/None when no row is padded (the model's
-    defaults are then exact and cheaper).
+    returns (attention_mask [R, 1, length, cache_len + length] or None, position_ids [R, length] or None) for a
+    forward call that appends ``length`` positions to a cache of ``cache_len``: None/None when no row is padded (the
+    model's defaults are then exact and cheaper). The mask is 4-D and additive (``dtype``), which transformers passes
+    to attention as it is: its own 2-D mask code would read the padding on the host every call.
     """
 
-    def __init__(self, prompt_mask: Optional[torch.Tensor]):
+    def __init__(self, prompt_mask: Optional[torch.Tensor], dtype: torch.dtype = torch.float32):
+        self.dtype = dtype
         # prompt_mask: [R, P] 0/1 (1 = real token) or None (no padding anywhere)
         if prompt_mask is not None and bool((prompt_mask == 1).all()):
             prompt_mask = None
@@ -129,8 +159,9 @@ class PaddedRows:
         device = self.mask.device
         total = cache_len + length
         if total <= plen:
-            mask = self.mask[:, :total]
+            valid = self.mask[:, :total] != 0
         else:
-            mask = torch.cat([self.mask, torch.ones(rows, total - plen, dtype=torch.long, device=device)], 1)
-        positions = torch.arange(cache_len, total, device=device)[None, :] - self.pads[:, None]  # [R, length]
-        return mask, positions.clamp(min=0)
+            valid = torch.cat([self.mask != 0, torch.ones(rows, total - plen, dtype=torch.bool, device=device)], 1)
+        slots = torch.arange(cache_len, total, device=device)[None, :].expand(rows, -1)  # [R, length]
+        mask = additive_mask(chain_visibility(slots, total, valid), self.dtype)  # [R, 1, length, total]
+        return mask, (slots - self.pads[:, None]).clamp(min=0)

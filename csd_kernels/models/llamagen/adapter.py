@@ -18,7 +18,8 @@ from typing import Optional
 
 import torch
 
-from .gpt import KVCache, Transformer
+from ..row_cache import chain_visibility
+from .gpt import KVCache, RowKVCache, Transformer
 from .vq import VQDecoder, to_uint8_like_save_image
 
 __all__ = ["C2I_DEFAULTS", "T2I_DEFAULTS", "LlamaGenAdapter", "left_pad_captions"]
@@ -51,6 +52,7 @@ class LlamaGenAdapter:
         self.last: Optional[torch.Tensor] = None  # [R, 1, D] embedding of the last condition position (x_{-1})
         self.batch = 0
         self.cfg = False
+        self._static_window: Optional[int] = None  # static_cache(): the next prefill allocates a RowKVCache
 
     @property
     def device(self) -> torch.device:
@@ -111,12 +113,52 @@ class LlamaGenAdapter:
         """cond [R, cls, D]: run all but the last condition position into a fresh cache."""
         self.batch, self.cfg = batch, cfg
         self.key_valid = key_valid
-        self.cache = KVCache(self.args, len(cond), self.dtype, self.device)
         self.last = cond[:, -1:]
+        window, self._static_window = self._static_window, None  # a static_cache() request holds for one prefill
+        if window is not None:
+            return self._start_static(cond, window)
+        self.cache = KVCache(self.args, len(cond), self.dtype, self.device)
         if cond.shape[1] == 1:
             return 0
         self.model(cond[:, :-1], 0, self.cache, key_valid)
         return 1
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # the static form
+    # ------------------------------------------------------------------------------------------------------------------
+    def static_cache(self, window: int) -> None:
+        """The next prefill (only) allocates a per-row static cache with room for ``window`` inputs past the grid."""
+        self._static_window = int(window)
+
+    def _start_static(self, cond: torch.Tensor, window: int) -> int:
+        rows, cls = len(cond), self.args.cls_token_num
+        capacity = self.args.max_seq_len + window
+        self.cache = RowKVCache(self.args, rows, capacity, self.dtype, self.device)
+        if self.key_valid is not None:  # padded caption slots stay hidden; the rest of the cache is real
+            self.key_valid = torch.cat([self.key_valid, self.key_valid.new_ones(rows, window)], 1)
+        if cls == 1:
+            return 0
+        positions = torch.arange(cls - 1, device=self.device)[None, :].expand(rows, -1)
+        self._rows(cond[:, :-1], positions)
+        return 1
+
+    def _rows(self, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        visible = chain_visibility(positions, self.cache.capacity, self.key_valid)
+        return self.model.forward_rows(embeds, positions, self.cache, visible)
+
+    @torch.no_grad()
+    def forward_static(self, tokens: torch.Tensor, first: torch.Tensor):
+        """tokens [B, W] = x_{first_b} .. per row, first [B] -> (cond [B, W, V], uncond [B, W, V] | None)."""
+        if self.cfg:
+            tokens, first = torch.cat([tokens, tokens]), torch.cat([first, first])  # [R, W], [R]
+        embeds = self.model.tok_embeddings(tokens)  # [R, W, D]
+        slot0 = torch.arange(tokens.shape[1], device=tokens.device)[None, :, None] == 0
+        embeds = torch.where(slot0 & (first[:, None, None] == -1), self.last, embeds)  # x_{-1}: the condition
+        positions = self.args.cls_token_num + first[:, None] + torch.arange(tokens.shape[1], device=tokens.device)
+        logits = self._rows(embeds, positions)  # [R, W, V]
+        if self.cfg:
+            return logits[: self.batch], logits[self.batch :]
+        return logits, None
 
     # ------------------------------------------------------------------------------------------------------------------
     # the protocol's decoding steps

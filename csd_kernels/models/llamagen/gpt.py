@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["CAPTION_TOKENS", "PRESETS", "KVCache", "ModelArgs", "Transformer", "rope_table_2d"]
+__all__ = ["CAPTION_TOKENS", "PRESETS", "KVCache", "ModelArgs", "RowKVCache", "Transformer", "rope_table_2d"]
 
 # upstream GPT_models: (n_layer, n_head, dim) per name; B..XXXL are the class-conditional sizes, 1B..7B text
 PRESETS = {
@@ -125,9 +125,11 @@ def rope_table_2d(grid: int, head_dim: int, base: float, cls_token_num: int) -> 
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, D] rotated by table [T, D // 2, 2] as (even, odd) pairs, in float32."""
+    """x [B, T, H, D] rotated by table [T, D // 2, 2] (or per row [B, T, D // 2, 2]) as (even, odd) pairs, in
+    float32."""
     pairs = x.float().reshape(*x.shape[:-1], -1, 2)  # [B, T, H, D/2, 2]
-    cos, sin = table[None, :, None, :, 0], table[None, :, None, :, 1]  # [1, T, 1, D/2]
+    table = table if table.ndim == 4 else table[None]  # [1 or B, T, D/2, 2]
+    cos, sin = table[:, :, None, :, 0], table[:, :, None, :, 1]  # [1 or B, T, 1, D/2]
     even, odd = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1)
     return rotated.flatten(3).type_as(x)
@@ -156,6 +158,25 @@ class KVCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot crop a KV cache of length {self.length} to {length}")
         self.length = length
+
+
+class RowKVCache:
+    """The static per-row cache of the fixed-shape loop: ``capacity`` slots per row, written at per-row slots
+    (``write`` with a slots tensor [R, T]); attention reads every slot through an explicit mask."""
+
+    def __init__(self, args: ModelArgs, rows: int, capacity: int, dtype: torch.dtype, device):
+        shape = (args.n_layer, rows, args.kv_heads, capacity, args.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """k, v [R, Hkv, T, D] at slots [R, T] -> the layer's keys, values [R, Hkv, capacity, D]."""
+        from ..row_cache import write_rows
+
+        write_rows(self.keys[layer], slots, k)
+        write_rows(self.values[layer], slots, v)
+        return self.keys[layer], self.values[layer]
 
 
 def attention_mask(start: int, length: int, key_valid: Optional[torch.Tensor], device) -> torch.Tensor:
@@ -314,3 +335,14 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.length = start + length
         return self.output(self.norm(h)).float()  # [R, T, V]
+
+    def forward_rows(self, h: torch.Tensor, positions: torch.Tensor, cache: RowKVCache,
+                     visible: torch.Tensor) -> torch.Tensor:
+        """h [R, T, D] inputs at sequence positions [R, T] (their RoPE rows and their cache slots) -> logits
+        [R, T, V] float32, attending to the slots ``visible`` [R, T, capacity] bool marks. Positions past the
+        sequence (junk inputs of the loop's last windows) take the last RoPE row."""
+        rope = self.rope[positions.clamp(max=self.rope.shape[0] - 1)]  # [R, T, D/2, 2]
+        mask = visible[:, None]  # [R, 1, T, S]
+        for layer in self.layers:
+            h = layer(h, rope, positions, mask, cache)
+        return self.output(self.norm(h)).float()

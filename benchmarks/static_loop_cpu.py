@@ -1,0 +1,182 @@
+"""The static loop on this CPU: digits wall time per image, and the loops' host time per iteration at a
+Janus-Pro-7B shape on the meta device (no compute at all: the host's share of a GPU iteration).
+
+    python benchmarks/static_loop_cpu.py [--images 4] [--modes ar,csd] [--skip-compile] [--out FILE.json]
+
+1. Digits (the shipped model, its zoo defaults, B = 1): seconds per image of ``static=False`` (today's loop),
+   ``static=True`` and ``static=True, compile=True`` (inductor), after one warm-up image per setting (its time, the
+   compile included, is reported as ``first_call_s``); the pass counts of the three are equal by construction and
+   reported as a check.
+2. Meta device, Janus-Pro-7B shape (loop_shapes.py), bf16, CFG 5: host milliseconds per iteration of each loop with
+   verify's fake implementation (the kernels' launch cost is not included), over the first iterations after two
+   warm-up ones: the per-row loop with a fixed accept length of 3 per iteration (its sync is replaced), the static
+   loop's iteration called directly. Meta kernels are shape functions, many of them in Python: per op they cost more
+   host time than a CUDA launch, so read the ratio of the loops, not the milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import time
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+LOOPS = {"eager": dict(), "static": dict(static=True), "static+compile": dict(static=True, compile=True)}
+
+
+def digits_wall(images: int, modes: list[str], skip_compile: bool) -> dict:
+    from csd_kernels import generate, zoo
+
+    entry = zoo.load("digits")
+    results = {}
+    for mode in modes:
+        for loop, extra in LOOPS.items():
+            if skip_compile and extra.get("compile"):
+                continue
+            kw = {**entry.defaults, "mode": mode, **extra}
+            begin = time.perf_counter()
+            generate(entry.model, **entry.prompt_inputs(["0"]), seed=999, **kw)
+            first = time.perf_counter() - begin
+            passes, begin = [], time.perf_counter()
+            for i in range(images):
+                out = generate(entry.model, **entry.prompt_inputs([str(i % 10)]), seed=i, **kw)
+                passes.append(out.forward_passes)
+            wall = (time.perf_counter() - begin) / images
+            results[f"{mode}/{loop}"] = dict(s_per_image=wall, passes_per_image=float(np.mean(passes)),
+                                            ms_per_iteration=1e3 * wall / np.mean(passes), first_call_s=first)
+            print(f"digits {mode:4s} {loop:15s} {wall:7.3f} s/image  {np.mean(passes):6.1f} passes  "
+                  f"{1e3 * wall / np.mean(passes):6.2f} ms/iteration  first call {first:6.1f} s", flush=True)
+        base = results[f"{mode}/eager"]["s_per_image"]
+        for loop in LOOPS:
+            if f"{mode}/{loop}" in results:
+                results[f"{mode}/{loop}"]["speedup_vs_eager"] = base / results[f"{mode}/{loop}"]["s_per_image"]
+    return results
+
+
+def _fake_verify():
+    """verify's fake implementation for every backend (the meta device runs no kernel)."""
+    from csd_kernels import ops
+
+    fake = lambda *args: ops._fake_outputs(args[0], args[-1])  # noqa: E731
+    for name in list(ops._BACKEND_FUNCTIONS):
+        ops._BACKEND_FUNCTIONS[name] = fake
+
+
+def meta_host_time(batches: list[int], modes: list[str], iterations: int = 5) -> dict:
+    import loop_shapes
+
+    from csd_kernels import generate
+    from csd_kernels.decoding import static as static_module
+
+    gen_module = importlib.import_module("csd_kernels.decoding.generate")  # the package exports the function
+    _fake_verify()
+    model = loop_shapes.janus_pro_7b("meta")
+    results = {}
+
+    def eager_verify(cond, uncond, run, state, win, drafted):
+        verified = gen_module.VERIFY[run.mode](cond, uncond, gen_module.draft_probs(state, win, drafted, run), run,
+                                               state, win, drafted)
+        return verified, [min(3, win.length - 1)] * len(win.active)  # a fixed accept length instead of the sync
+
+    class Stop(Exception):
+        pass
+
+    timed = {}
+
+    def static_run(loop, bar=None):
+        for _ in range(3):
+            loop._step()
+        begin = time.perf_counter()
+        for _ in range(iterations):  # the flags' copy (one more op per iteration) cannot leave meta
+            loop._step()
+        timed["static"] = (time.perf_counter() - begin) / iterations
+        with _OpCount() as count:
+            loop._step()
+        timed["static_ops"] = count.ops
+        raise Stop
+
+    calls, op_counts = [], []
+
+    def eager_done(state, total):  # the per-row loop: 2 warm-up iterations, then ``iterations`` timed ones
+        calls.append(time.perf_counter())
+        op_counts.append(_OpCount.active.ops if _OpCount.active is not None else 0)
+        return len(calls) > 2 + iterations
+
+    for batch in batches:
+        ids = loop_shapes.janus_prompt(batch, "meta")
+        for mode in modes:
+            kw = dict(mode=mode, window=16, cfg_scale=5.0, seed=0)
+            originals = gen_module._verify, static_module.StaticLoop.run, gen_module.RowState.done
+            gen_module._verify, static_module.StaticLoop.run, gen_module.RowState.done = (eager_verify, static_run,
+                                                                                           eager_done)
+            try:
+                with _OpCount():
+                    calls.clear(), op_counts.clear()
+                    generate(model, ids, **kw)
+                eager_ops = (op_counts[-1] - op_counts[2]) / iterations
+                calls.clear(), op_counts.clear()
+                generate(model, ids, **kw)
+                try:
+                    generate(model, ids, static=True, **kw)
+                except Stop:
+                    pass
+            finally:
+                gen_module._verify, static_module.StaticLoop.run, gen_module.RowState.done = originals
+            eager_ms = 1e3 * (calls[-1] - calls[2]) / iterations
+            static_ms = 1e3 * timed["static"]
+            results[f"B{batch}/{mode}"] = dict(
+                eager_ms_per_iteration=eager_ms, static_ms_per_iteration=static_ms,
+                eager_over_static=eager_ms / static_ms, eager_ops_per_iteration=eager_ops,
+                static_ops_per_iteration=timed["static_ops"])
+            print(f"meta Janus-Pro-7B B={batch} {mode:4s} host ms/iteration: eager {eager_ms:6.2f}  static "
+                  f"{static_ms:6.2f}  ({eager_ms / static_ms:4.2f}x); aten ops/iteration: eager {eager_ops:.0f}  "
+                  f"static {timed['static_ops']}", flush=True)
+    return results
+
+
+class _OpCount(TorchDispatchMode):
+    """Counts aten calls inside a ``with`` block (the host work a GPU iteration launches, kernel by kernel)."""
+
+    active = None
+
+    def __enter__(self):
+        self.ops = 0
+        _OpCount.active = self
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _OpCount.active = None
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=4)
+    parser.add_argument("--modes", default="ar,csd")
+    parser.add_argument("--batches", default="1,8", help="meta-device batch sizes")
+    parser.add_argument("--skip-compile", action="store_true")
+    parser.add_argument("--skip-digits", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    modes = args.modes.split(",")
+    report = {"threads": args.threads, "torch": torch.__version__}
+    if not args.skip_digits:
+        report["digits"] = digits_wall(args.images, modes, args.skip_compile)
+    report["meta_janus_pro_7b"] = meta_host_time([int(b) for b in args.batches.split(",")], modes)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
