@@ -164,6 +164,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8", help="meta-device batch sizes")
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--skip-digits", action="store_true")
+    parser.add_argument("--skip-meta", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -172,7 +173,8 @@ def main() -> None:
     report = {"threads": args.threads, "torch": torch.__version__}
     if not args.skip_digits:
         report["digits"] = digits_wall(args.images, modes, args.skip_compile)
-    report["meta_janus_pro_7b"] = meta_host_time([int(b) for b in args.batches.split(",")], modes)
+    if not args.skip_meta:
+        report["meta_janus_pro_7b"] = meta_host_time([int(b) for b in args.batches.split(",")], modes)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
