@@ -29,31 +29,40 @@ LOOPS = {"eager": dict(), "static": dict(static=True), "static+compile": dict(st
 
 
 def digits_wall(images: int, modes: list[str], skip_compile: bool) -> dict:
+    """Per mode: one warm-up image per loop (first_call_s), then the images with the loops interleaved (image i by
+    every loop in turn, so that a change in the machine's load hits all loops alike). Wall seconds and this
+    process's CPU seconds (one thread: the work, whatever else runs on the machine) per image."""
     from csd_kernels import generate, zoo
 
     entry = zoo.load("digits")
+    loops = {k: v for k, v in LOOPS.items() if not (skip_compile and v.get("compile"))}
     results = {}
     for mode in modes:
-        for loop, extra in LOOPS.items():
-            if skip_compile and extra.get("compile"):
-                continue
-            kw = {**entry.defaults, "mode": mode, **extra}
+        settings = {loop: {**entry.defaults, "mode": mode, **extra} for loop, extra in loops.items()}
+        first = {}
+        for loop, kw in settings.items():
             begin = time.perf_counter()
             generate(entry.model, **entry.prompt_inputs(["0"]), seed=999, **kw)
-            first = time.perf_counter() - begin
-            passes, begin = [], time.perf_counter()
-            for i in range(images):
+            first[loop] = time.perf_counter() - begin
+        wall, cpu, passes = dict.fromkeys(loops, 0.0), dict.fromkeys(loops, 0.0), {loop: [] for loop in loops}
+        for i in range(images):
+            for loop, kw in settings.items():
+                begin, begin_cpu = time.perf_counter(), time.process_time()
                 out = generate(entry.model, **entry.prompt_inputs([str(i % 10)]), seed=i, **kw)
-                passes.append(out.forward_passes)
-            wall = (time.perf_counter() - begin) / images
-            results[f"{mode}/{loop}"] = dict(s_per_image=wall, passes_per_image=float(np.mean(passes)),
-                                            ms_per_iteration=1e3 * wall / np.mean(passes), first_call_s=first)
-            print(f"digits {mode:4s} {loop:15s} {wall:7.3f} s/image  {np.mean(passes):6.1f} passes  "
-                  f"{1e3 * wall / np.mean(passes):6.2f} ms/iteration  first call {first:6.1f} s", flush=True)
-        base = results[f"{mode}/eager"]["s_per_image"]
-        for loop in LOOPS:
-            if f"{mode}/{loop}" in results:
-                results[f"{mode}/{loop}"]["speedup_vs_eager"] = base / results[f"{mode}/{loop}"]["s_per_image"]
+                wall[loop] += time.perf_counter() - begin
+                cpu[loop] += time.process_time() - begin_cpu
+                passes[loop].append(out.forward_passes)
+        for loop in loops:
+            row = dict(s_per_image=wall[loop] / images, cpu_s_per_image=cpu[loop] / images,
+                       passes_per_image=float(np.mean(passes[loop])), first_call_s=first[loop],
+                       cpu_speedup_vs_eager=cpu["eager"] / cpu[loop], wall_speedup_vs_eager=wall["eager"] / wall[loop])
+            row["cpu_ms_per_iteration"] = 1e3 * row["cpu_s_per_image"] / row["passes_per_image"]
+            results[f"{mode}/{loop}"] = row
+            print(f"digits {mode:4s} {loop:15s} wall {row['s_per_image']:6.3f} s/image "
+                  f"({row['wall_speedup_vs_eager']:4.2f}x)  cpu {row['cpu_s_per_image']:6.3f} s/image "
+                  f"({row['cpu_speedup_vs_eager']:4.2f}x)  "
+                  f"{row['passes_per_image']:6.1f} passes  {row['cpu_ms_per_iteration']:6.2f} cpu ms/iteration  "
+                  f"first call {row['first_call_s']:6.1f} s", flush=True)
     return results
 
 
@@ -164,6 +173,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8", help="meta-device batch sizes")
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--skip-digits", action="store_true")
+    parser.add_argument("--skip-meta", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -172,7 +182,8 @@ def main() -> None:
     report = {"threads": args.threads, "torch": torch.__version__}
     if not args.skip_digits:
         report["digits"] = digits_wall(args.images, modes, args.skip_compile)
-    report["meta_janus_pro_7b"] = meta_host_time([int(b) for b in args.batches.split(",")], modes)
+    if not args.skip_meta:
+        report["meta_janus_pro_7b"] = meta_host_time([int(b) for b in args.batches.split(",")], modes)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

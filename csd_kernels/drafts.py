@@ -26,14 +26,14 @@ def random_draft_tokens(seed: torch.Tensor, offset: torch.Tensor, positions: tor
 
 
 def _triton_draft_tokens(seed, offset, positions, length, vocab):
-    from . import triton_verify
     from .triton_kernels.drafts import draft_tokens_kernel
+    from .triton_verify import device_guard
 
     seed, offset, positions = seed.reshape(-1), offset.reshape(-1), positions.reshape(-1)
     batch = positions.numel()
     out = torch.empty((batch, length), dtype=torch.int64, device=positions.device)
     if batch * length:
-        with triton_verify.device_guard(positions.device):  # launch on the tensors' device, not the current one
+        with device_guard(positions.device):  # launch on the tensors' device, not the current one
             draft_tokens_kernel[(batch,)](
                 seed, seed.stride(0) if seed.numel() != 1 else 0, offset,
                 offset.stride(0) if offset.numel() != 1 else 0, positions, positions.stride(0), out, length, vocab,
