@@ -277,3 +277,102 @@ def test_tree_stream_is_separate_and_keyed_by_row_seed():
     assert torch.equal(u_a[1:], alone[0]) and torch.equal(u_s[1:], alone[1])
     step_a, _ = ref.step_uniforms(torch.tensor([5]), torch.tensor([3]), torch.tensor([0]), 6)
     assert not torch.equal(u_a[:1], step_a)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the loop: generate(..., tree=(K, D), static=True) on tiny models
+# ----------------------------------------------------------------------------------------------------------------------
+TREES = [((2, 2), 4), ((3, 2), 6), ((2, 3), 8)]
+LOOP_SAMPLES = 20000  # no CFG here (half the rows); greedy runs CFG (its keys and values move too)
+
+
+@pytest.fixture(scope="module")
+def four_codes():
+    """4 image codes (ids 0..3), class token 8, null 9; a 1 x 4 grid (256 joint outcomes): the tree's candidates
+    cover most of the vocabulary, so sibling acceptances and off-main paths are frequent."""
+    from conftest import build_tiny_llama
+
+    from csd_kernels.models import ImageGPT
+
+    return ImageGPT(build_tiny_llama(10, seed=3, init=0.15), image_token_range=(0, 4), grid=(1, 4), null_token_id=9)
+
+
+def _loop_codes(model, seed: int, **kw) -> np.ndarray:
+    """At T = 0.4 p is peaked, so the stale q of sampled drafts is far from uniform: siblings drawn from another q
+    than the walk's (planted) are caught here, as is a skipped key/value move."""
+    from csd_kernels.decoding import generate
+
+    out = generate(model, torch.full((LOOP_SAMPLES, 1), 8), cfg_scale=1.0, temperature=0.4,
+                   seed=torch.arange(LOOP_SAMPLES) + seed, **kw)
+    return (out.tokens * (V ** torch.arange(4))).sum(1).numpy(), out
+
+
+@pytest.fixture(scope="module")
+def ar_codes(four_codes):
+    return _loop_codes(four_codes, 10**6, mode="ar")[0]
+
+
+def _same_law_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sample χ² on the 256 joint outcomes (cells with a pooled count < 10 merged), and on each position."""
+    from scipy.stats import chi2_contingency
+
+    def p_value(x, y, cells):
+        cx, cy = np.bincount(x, minlength=cells), np.bincount(y, minlength=cells)
+        small = (cx + cy) < 10
+        table = np.stack([np.append(cx[~small], cx[small].sum()), np.append(cy[~small], cy[small].sum())])
+        return float(chi2_contingency(table[:, table.sum(0) > 0])[1])
+
+    return min([p_value(a, b, 256)] + [p_value((a // V**k) % V, (b // V**k) % V, V) for k in range(4)])
+
+
+@pytest.mark.parametrize("tree, window", TREES)
+def test_sjd_tree_is_lossless(four_codes, ar_codes, tree, window):
+    """Power: n = 20000 per sample; a TVD shift of 0.03 between two cells of probability 0.25 of one position's
+    marginal has noncentrality 10000·2·0.03²/0.25 = 72 on 3 df: power > 0.999 at α = 1e-3."""
+    codes, out = _loop_codes(four_codes, 0, mode="sjd", window=window, static=True, tree=tree)
+    assert out.passes_per_row().mean() < 3.5  # the tree's candidates are used: fewer passes than tokens
+    assert _same_law_p(ar_codes, codes) > 1e-3
+
+
+def test_lossy_loop_is_detected(four_codes, ar_codes):
+    """The same test's power on this model: csd's relaxed acceptance is caught."""
+    codes, _ = _loop_codes(four_codes, 0, mode="csd", window=4, static=True, entropy_coef=2.0, tvd_threshold=1.0)
+    assert _same_law_p(ar_codes, codes) < 1e-6
+
+
+@pytest.mark.parametrize("tree, window", TREES + [((4, 2), 16), ((1, 2), 3)])
+def test_greedy_tree_equals_ar(tree, window):
+    from conftest import build_tiny_llama
+
+    from csd_kernels.decoding import generate
+    from csd_kernels.models import ImageGPT
+
+    model = ImageGPT(build_tiny_llama(24, seed=1), image_token_range=(0, 4), grid=(4, 5), null_token_id=23)
+    prompts = torch.tensor([[16], [17], [18]])
+    ar = generate(model, prompts, mode="ar", temperature=0, cfg_scale=2.0)
+    out = generate(model, prompts, mode="sjd", window=window, temperature=0, cfg_scale=2.0, static=True, tree=tree,
+                   seed=5)
+    assert torch.equal(out.tokens, ar.tokens)
+    assert out.forward_passes < ar.forward_passes
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(tree=(0, 2), window=8), "K=0, D=2, W=8"),
+    (dict(tree=(2, 0), window=8), "K=2, D=0, W=8"),
+    (dict(tree=(2, 3), window=7), "7 draft nodes"),
+    (dict(tree=(2, 2), window=8, mode="csd"), "mode 'csd'"),
+    (dict(tree=(2, 2), window=8, mode="gsd"), "mode 'gsd'"),
+    (dict(tree=(2, 2), window=8, mode="ar"), "mode 'ar'"),
+    (dict(tree=(2, 2), window=8, mode="jd"), "mode 'jd'"),
+    (dict(tree=(2, 2), window=8, static=False), "static=False"),
+    (dict(tree=(2, 2), window=8, coupling="gumbel"), "coupling 'gumbel'"),
+    (dict(tree=2, window=8), "a pair"),
+    (dict(tree=(2.0, 2), window=8), "ints"),
+])
+def test_bad_tree_raises(four_codes, kw, words):
+    from csd_kernels.decoding import generate
+
+    settings = dict(mode="sjd", static=True) | kw
+    with pytest.raises(ValueError, match="tree=") as err:
+        generate(four_codes, torch.full((1, 1), 8), **settings)
+    assert words in str(err.value)
