@@ -287,3 +287,20 @@ def test_triton_launches_under_the_tensors_device_guard(monkeypatch):
     logits = torch.randn(2, 3, 16)
     ops.verify(logits, torch.full((2, 3), -1), backend="triton")
     assert entered == [torch.device("cpu")] * 2
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# draft trees (tests/test_tree.py holds the law; here: every family's forward_tree / keep_path)
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["digits", "janus", "llamagen_c2i", "llamagen_t2i"])
+def test_greedy_tree_equals_ar_in_every_family(families, family):
+    adapter, prompt, cfg = families[family]
+    ar = generate(adapter, **prompt, mode="ar", cfg_scale=cfg, temperature=0)
+    out = generate(adapter, **prompt, mode="sjd", window=8, cfg_scale=cfg, temperature=0, static=True, tree=(3, 2))
+    assert torch.equal(out.tokens, ar.tokens)
+
+
+def test_lumina_refuses_trees(families):
+    adapter, prompt, cfg = families["lumina"]
+    with pytest.raises(ValueError, match="forced tokens"):
+        generate(adapter, **prompt, mode="sjd", window=8, cfg_scale=cfg, static=True, tree=(2, 2))
