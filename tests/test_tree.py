@@ -376,3 +376,20 @@ def test_bad_tree_raises(four_codes, kw, words):
     with pytest.raises(ValueError, match="tree=") as err:
         generate(four_codes, torch.full((1, 1), 8), **settings)
     assert words in str(err.value)
+
+
+def test_batched_tree_rows_equal_rows_alone():
+    """Streams keyed by the row's seed and attempt count; finished rows frozen: a row's tokens do not depend on the
+    batch."""
+    from conftest import build_tiny_llama
+
+    from csd_kernels.decoding import generate
+    from csd_kernels.models import ImageGPT
+
+    model = ImageGPT(build_tiny_llama(24, seed=1), image_token_range=(0, 16), grid=(4, 5), null_token_id=23)
+    prompts, seeds = torch.tensor([[16], [17], [18]]), [4, 9, 2]
+    kw = dict(mode="sjd", window=8, cfg_scale=2.0, static=True, tree=(3, 2))
+    batched = generate(model, prompts, seed=seeds, **kw)
+    for b in range(3):
+        alone = generate(model, prompts[b:b + 1], seed=[seeds[b]], **kw)
+        assert torch.equal(batched.tokens[b:b + 1], alone.tokens)
