@@ -754,6 +754,7 @@ def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: Tr
     accept_prob = torch.zeros(batch, levels + 1, dtype=p.dtype, device=p.device)
     path[:, 0] = 0
     leaf = torch.zeros_like(done)
+    residual = p[:, 0]  # the law the emitted token is drawn from, fixed at the stop
     for level in range(levels + 1):
         kids = children[cur]  # [B, K]
         p_j = p[rows, cur]
@@ -761,7 +762,8 @@ def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: Tr
         sup = None if support is None else support[rows, cur]
         chosen = torch.full_like(cur, -1)
         chosen_a = torch.zeros_like(accept_prob[:, 0])
-        for r in range(kids.shape[1]):
+        ranks = kids.shape[1] if 1 <= level < layout.depth_limit else 1  # only tree nodes have siblings below
+        for r in range(ranks):
             slot = kids[:, r]
             x = torch.where((slot >= 0) & (chosen < 0), tokens[rows, slot.clamp(min=0)], -1)
             a, next_p, next_q = rrs_step(p_j, q_j, x, sup)
@@ -769,15 +771,16 @@ def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: Tr
             chosen, chosen_a = torch.where(hit, slot, chosen), torch.where(hit, a, chosen_a)
             p_j, q_j = torch.where(hit[:, None], p_j, next_p), torch.where(hit[:, None], q_j, next_q)
         stop = ~done & (chosen < 0)
-        emitted = inverse_cdf_sample(p_j, u_sample[rows, cur])
-        out[:, level] = torch.where(stop, emitted, torch.where(done, out[:, level], -1))
+        residual = torch.where(stop[:, None], p_j, residual)
         leaf |= stop & (kids[:, 0] < 0)
         go = ~done & ~stop
         if level < levels:
             accept_prob[:, level] = torch.where(go, chosen_a, 0)
             cur = torch.where(go, chosen, cur)
             path[:, level + 1] = torch.where(go, chosen, -1)
-            out[:, level] = torch.where(go, tokens[rows, chosen.clamp(min=0)], out[:, level])
+            out[:, level] = torch.where(go, tokens[rows, chosen.clamp(min=0)], -1)
         done |= stop
     accept_len = (path[:, 1:] >= 0).sum(-1)
+    emitted = inverse_cdf_sample(residual, u_sample[rows, cur])  # cur: the stop node
+    out = out.scatter(1, accept_len[:, None], emitted[:, None])
     return TreeWalk(accept_len, path, out, accept_prob, leaf)
