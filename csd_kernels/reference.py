@@ -585,3 +585,202 @@ def _next_drafts(coupling, target, drafts, resampled, from_p, u_accept, p_x, q_x
     length, vocab = target.z.shape[1:]
     gumbel = -torch.log(-torch.log(gumbel_uniforms(seed, positions, length, vocab)))
     return (target.z + gumbel.to(compute_dtype)).argmax(-1)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Draft trees: several candidates per position, verified by recursive rejection sampling (RRS)
+# --------------------------------------------------------------------------------------------------------------------
+# A window of S slots: slot 0 is the root (the last committed token x_{n-1}), every other slot a draft node whose token
+# sits at grid position n - 1 + depth. Tree (K, D): a full K-ary tree of D draft levels below the root (one node at
+# level 1, K^(d-1) at level d: (K^D - 1)/(K - 1) nodes), all nodes of one level drawing from the same candidate set
+# (candidate r of level d is cand[d - 1, r]: the Cartesian product of SJD-PAC), and the main chain (rank 0 at every
+# level) continuing one node per level to fill the window. The main chain takes slots 1 .. M in level order, so a walk
+# that stays on it needs no key/value move.
+TREE_STREAM_TAG = 0xC0000000  # word 3 of the tree stream's counter (the step stream's top bit is 0, gumbel's is 10)
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """The static shape of a draft tree in a window of ``slots`` inputs.
+
+    Shape: parent, depth, rank [S] int64 (slot 0: parent -1, depth 0); children [S, K] int64 slots in rank order
+    (-1 none); main [M + 1] the main chain's slots by depth (main[0] = 0); ancestor [S, S] bool (t is s or above s).
+    """
+
+    branching: int
+    depth_limit: int
+    parent: torch.Tensor
+    depth: torch.Tensor
+    rank: torch.Tensor
+    children: torch.Tensor
+    main: torch.Tensor
+    ancestor: torch.Tensor
+
+    @property
+    def levels(self) -> int:
+        """Draft levels (= the main chain's draft nodes M)."""
+        return self.main.numel() - 1
+
+
+def tree_nodes(branching: int, depth: int) -> int:
+    """(K^D − 1)/(K − 1): the draft nodes of a full K-ary tree of D levels (D when K = 1)."""
+    return depth if branching == 1 else (branching**depth - 1) // (branching - 1)
+
+
+def tree_layout(branching: int, depth: int, slots: int) -> TreeLayout:
+    """The layout of tree (K, D) in a window of ``slots`` inputs (root + slots - 1 draft nodes); needs
+    tree_nodes(K, D) <= slots - 1 (validation.check_tree says so by name)."""
+    chain = slots - 1 - (tree_nodes(branching, depth) - depth)  # main-chain draft nodes M >= D
+    parent, level, rank = [-1] + list(range(chain)), list(range(chain + 1)), [0] * (chain + 1)
+    frontier = [(1, 1)]  # (slot, level) of the tree's nodes whose children are placed next
+    for d in range(1, depth):
+        below = []
+        for slot, _ in frontier:
+            for r in range(branching):
+                if r == 0 and slot == d:  # the main node's rank-0 child is the main chain's next node
+                    below.append((d + 1, d + 1))
+                    continue
+                parent.append(slot)
+                level.append(d + 1)
+                rank.append(r)
+                below.append((len(parent) - 1, d + 1))
+        frontier = below
+    size = len(parent)
+    children = torch.full((size, max(branching, 1)), -1, dtype=torch.int64)
+    for s in range(1, size):
+        children[parent[s], rank[s]] = s
+    ancestor = torch.eye(size, dtype=torch.bool)
+    for s in range(1, size):
+        ancestor[s] |= ancestor[parent[s]]
+    return TreeLayout(branching, depth, torch.tensor(parent), torch.tensor(level), torch.tensor(rank), children,
+                      torch.arange(chain + 1), ancestor)
+
+
+def _tree_words(seed: torch.Tensor, offset: torch.Tensor, batch: int):
+    k0, k1, row_id = _seed_key(seed, batch)
+    offset = _row_offsets(offset, batch)[:, 0]
+    return k0, k1, offset & _MASK32, TREE_STREAM_TAG | (row_id & 0x3FFFFFFF)
+
+
+def tree_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch: int, slots: int):
+    """(u_accept, u_sample) [B, S] float32 of the tree stream: counter (slot, 2^31, offset_lo, TAG | row_id).
+
+    u_accept[b, s] tests slot s as a candidate; u_sample[b, s] draws the token emitted below slot s. Keyed by the
+    row's attempt count, not by position: a batched row equals the row alone (per-row seeds)."""
+    k0, k1, off, tag = (w[:, None] for w in _tree_words(seed, offset, batch))
+    slot = torch.arange(slots, dtype=torch.int64, device=k0.device)[None, :]
+    lane0, lane1, _, _ = philox4x32(slot, 0x80000000, off, tag, k0, k1)
+    return uniform_from_bits(lane0), uniform_from_bits(lane1)
+
+
+def tree_gumbel_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch: int, levels: int, vocab: int):
+    """[B, levels, V] float32 uniforms of the tree stream for the sibling candidates: counter (v >> 2, level,
+    offset_lo, TAG | row_id), lane v & 3."""
+    k0, k1, off, tag = (w[:, None, None] for w in _tree_words(seed, offset, batch))
+    token = torch.arange(vocab, dtype=torch.int64, device=k0.device)
+    level = torch.arange(levels, dtype=torch.int64, device=k0.device)
+    lanes = philox4x32((token >> 2)[None, None, :], level[None, :, None], off, tag, k0, k1)
+    bits = torch.stack(lanes, -1).gather(-1, (token & 3).expand(batch, levels, vocab)[..., None]).squeeze(-1)
+    return uniform_from_bits(bits)
+
+
+def tree_candidates(main_tokens: torch.Tensor, q: torch.Tensor, branching: int, uniforms: torch.Tensor):
+    """cand [B, P, K]: rank 0 the main draft, ranks 1..K-1 Gumbel-top-(K-1) of log q with the main draft removed —
+    given x_1 ~ q, (x_1, .., x_K) are K draws from q without replacement. -1 where q has no mass left.
+
+    Shape: main_tokens [B, P] (-1: none), q [B, P, V], uniforms [B, P, V] in (0, 1)."""
+    if branching == 1:
+        return main_tokens[..., None]
+    keys = torch.log(q) - torch.log(-torch.log(uniforms.to(q.dtype)))
+    main = torch.nn.functional.one_hot(main_tokens.clamp(min=0), q.shape[-1]).bool() & (main_tokens >= 0)[..., None]
+    keys = keys.masked_fill(main | (q <= 0), float("-inf"))
+    top = keys.topk(branching - 1, dim=-1)
+    siblings = torch.where(torch.isfinite(top.values), top.indices, -1)
+    return torch.cat([main_tokens[..., None], siblings], -1)
+
+
+def rrs_step(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, support: Optional[torch.Tensor] = None):
+    """One candidate of recursive rejection sampling: (a(x) = min(1, p(x)/q(x)), the next p and q if x is rejected).
+
+    Next p = norm(max(p − q, 0)) (p where that is zero), next q = q without x, renormalised (zero when nothing is
+    left). A missing candidate (x = -1) changes nothing and is never accepted. Shape: p, q [..., V], x [...]."""
+    present = x >= 0
+    index = x.clamp(min=0)[..., None]
+    p_x, q_x = p.gather(-1, index).squeeze(-1), q.gather(-1, index).squeeze(-1)
+    in_support = p_x > 0 if support is None else support.gather(-1, index).squeeze(-1)
+    a = torch.where(present, acceptance_probability(p_x, q_x, p_x * 0, p_x * 0, "strict", 0.0, 0.0, in_support), 0)
+    residual = (p - q).clamp(min=0)
+    mass = residual.sum(-1, keepdim=True)
+    next_p = torch.where(mass > 0, residual / torch.where(mass > 0, mass, 1), p)
+    removed = q.scatter(-1, index, 0.0)
+    left = removed.sum(-1, keepdim=True)
+    next_q = torch.where(left > 0, removed / torch.where(left > 0, left, 1), 0.0)
+    keep = ~present[..., None]
+    return a, torch.where(keep, p, next_p), torch.where(keep, q, next_q)
+
+
+@dataclass
+class TreeWalk:
+    """The outcome of a tree verification. Shape: accept_len [B] accepted draft nodes; path [B, M + 1] slots by
+    depth (path[:, 0] = 0, -1 past the stop); tokens [B, M + 1] the accepted tokens, then the emitted token at
+    accept_len (-1 after it); accept_prob [B, M + 1] a(x) of the accepted candidate below each path node (0 at the
+    stop); leaf [B] the walk accepted a node without children (the emitted token is then drawn from p there)."""
+
+    accept_len: torch.Tensor
+    path: torch.Tensor
+    tokens: torch.Tensor
+    accept_prob: torch.Tensor
+    leaf: torch.Tensor
+
+
+def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: TreeLayout, u_accept: torch.Tensor,
+              u_sample: torch.Tensor, support: Optional[torch.Tensor] = None) -> TreeWalk:
+    """Verify a draft tree: from the root, at each accepted node RRS over its children in rank order (their shared
+    q is that of their level); the first accepted child is the next node; all rejected: emit a draw from the last
+    residual; a node without children: emit a draw from its p. The emitted tokens are distributed exactly as the
+    target's autoregressive law (tests/test_tree.py).
+
+    Shape: p [B, S, V] the target at each slot's output (the law of its children's position); tokens [B, S] each
+    slot's token (-1: missing candidate); q [B, M, V] the q of each draft level; u_accept, u_sample [B, S];
+    support [B, S, V] bool or None (p > 0)."""
+    batch, slots, _ = p.shape
+    levels = layout.levels
+    rows = torch.arange(batch, device=p.device)
+    children = layout.children.to(p.device)
+    cur = torch.zeros(batch, dtype=torch.int64, device=p.device)
+    done = torch.zeros(batch, dtype=torch.bool, device=p.device)
+    path = torch.full((batch, levels + 1), -1, dtype=torch.int64, device=p.device)
+    out = torch.full_like(path, -1)
+    accept_prob = torch.zeros(batch, levels + 1, dtype=p.dtype, device=p.device)
+    path[:, 0] = 0
+    leaf = torch.zeros_like(done)
+    residual = p[:, 0]  # the law the emitted token is drawn from, fixed at the stop
+    for level in range(levels + 1):
+        kids = children[cur]  # [B, K]
+        p_j = p[rows, cur]
+        q_j = q[:, min(level, levels - 1)]
+        sup = None if support is None else support[rows, cur]
+        chosen = torch.full_like(cur, -1)
+        chosen_a = torch.zeros_like(accept_prob[:, 0])
+        ranks = kids.shape[1] if 1 <= level < layout.depth_limit else 1  # only tree nodes have siblings below
+        for r in range(ranks):
+            slot = kids[:, r]
+            x = torch.where((slot >= 0) & (chosen < 0), tokens[rows, slot.clamp(min=0)], -1)
+            a, next_p, next_q = rrs_step(p_j, q_j, x, sup)
+            hit = (x >= 0) & (u_accept[rows, slot.clamp(min=0)] < a)
+            chosen, chosen_a = torch.where(hit, slot, chosen), torch.where(hit, a, chosen_a)
+            p_j, q_j = torch.where(hit[:, None], p_j, next_p), torch.where(hit[:, None], q_j, next_q)
+        stop = ~done & (chosen < 0)
+        residual = torch.where(stop[:, None], p_j, residual)
+        leaf |= stop & (kids[:, 0] < 0)
+        go = ~done & ~stop
+        if level < levels:
+            accept_prob[:, level] = torch.where(go, chosen_a, 0)
+            cur = torch.where(go, chosen, cur)
+            path[:, level + 1] = torch.where(go, chosen, -1)
+            out[:, level] = torch.where(go, tokens[rows, chosen.clamp(min=0)], -1)
+        done |= stop
+    accept_len = (path[:, 1:] >= 0).sum(-1)
+    emitted = inverse_cdf_sample(residual, u_sample[rows, cur])  # cur: the stop node
+    out = out.scatter(1, accept_len[:, None], emitted[:, None])
+    return TreeWalk(accept_len, path, out, accept_prob, leaf)

@@ -20,7 +20,8 @@ from . import reference as ref
 from .dispatch import BACKENDS, backend_status
 
 __all__ = ["ArgumentError", "Rule", "RULES", "MODES", "DRAFT_INITS", "MAX_IMAGES", "check", "check_settings",
-           "check_generate", "row_seeds", "check_prompt", "check_prompt_ids", "check_device", "check_backend"]
+           "check_generate", "check_tree", "row_seeds", "check_prompt", "check_prompt_ids", "check_device",
+           "check_backend"]
 
 MODES = ("ar", "jd", "sjd", "gsd", "csd")
 DRAFT_INITS = ("uniform", "above")
@@ -166,6 +167,36 @@ def check_generate(mode: str, coupling: Optional[str] = None, **settings) -> str
         raise ArgumentError("coupling", coupling, f"None or independent with mode {mode} (only sjd and csd couple "
                                                   "their next drafts)")
     return "independent"
+
+
+def check_tree(tree, mode: str, window: int, coupling: Optional[str], static: bool) -> Optional[tuple]:
+    """tree=(K, D) for generate(): None, or K >= 1 and D >= 1 ints whose (K^D − 1)/(K − 1) draft nodes fit in the
+    W − 1 draft slots of the window, with mode sjd (csd's relaxed test on candidates is not defined yet), the maximal
+    coupling and static=True. Returns (K, D) or None."""
+    if tree is None:
+        return None
+    try:
+        branching, depth = tree
+    except (TypeError, ValueError):
+        raise ArgumentError("tree", tree, "None or a pair (K, D) of ints >= 1") from None
+    where = f"K={branching!r}, D={depth!r}, W={window!r}"
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (branching, depth)):
+        raise ArgumentError("tree", tree, f"a pair (K, D) of ints >= 1 ({where})")
+    if branching < 1 or depth < 1:
+        raise ArgumentError("tree", tree, f"K >= 1 and D >= 1 ({where})")
+    nodes = ref.tree_nodes(int(branching), int(depth))
+    if nodes > window - 1:
+        raise ArgumentError("tree", tree, f"a tree whose (K^D - 1)/(K - 1) = {nodes} draft nodes fit in the W - 1 = "
+                                          f"{window - 1} draft slots of the window ({where})")
+    if mode != "sjd":
+        raise ArgumentError("tree", tree, f"None with mode {mode!r}: draft trees run with mode 'sjd' only ({where}; "
+                                          "csd's relaxed test on tree candidates is not defined yet)")
+    if coupling not in (None, "maximal"):
+        raise ArgumentError("tree", tree, f"None with coupling {coupling!r}: trees draw the next drafts by the "
+                                          f"maximal coupling ({where})")
+    if not static:
+        raise ArgumentError("tree", tree, f"None with static=False: draft trees run in the static loop only ({where})")
+    return int(branching), int(depth)
 
 
 def row_seeds(seed, batch: int) -> torch.Tensor:

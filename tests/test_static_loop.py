@@ -287,3 +287,69 @@ def test_triton_launches_under_the_tensors_device_guard(monkeypatch):
     logits = torch.randn(2, 3, 16)
     ops.verify(logits, torch.full((2, 3), -1), backend="triton")
     assert entered == [torch.device("cpu")] * 2
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# draft trees (tests/test_tree.py holds the law; here: every family's forward_tree / keep_path)
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["digits", "janus", "llamagen_c2i", "llamagen_t2i"])
+def test_greedy_tree_equals_ar_in_every_family(families, family):
+    adapter, prompt, cfg = families[family]
+    ar = generate(adapter, **prompt, mode="ar", cfg_scale=cfg, temperature=0)
+    out = generate(adapter, **prompt, mode="sjd", window=8, cfg_scale=cfg, temperature=0, static=True, tree=(3, 2))
+    assert torch.equal(out.tokens, ar.tokens)
+
+
+def test_lumina_refuses_trees(families):
+    adapter, prompt, cfg = families["lumina"]
+    with pytest.raises(ValueError, match="forced tokens"):
+        generate(adapter, **prompt, mode="sjd", window=8, cfg_scale=cfg, static=True, tree=(2, 2))
+
+
+@pytest.mark.parametrize("family", ["digits", "janus", "llamagen_c2i"])
+def test_no_host_read_inside_tree_iterations(families, family, monkeypatch):
+    """The tree iteration (forward_tree, the reference walk, keep_path, commit) reads nothing on the host."""
+    adapter, prompt, cfg = _on_meta(family, families)
+    logs = []
+
+    def run(loop, bar=None):
+        for _ in range(3):
+            with _HostReads() as iteration:
+                loop._step()
+            logs.append(iteration)
+        raise _Stop
+
+    monkeypatch.setattr(StaticLoop, "run", run)
+    with pytest.raises(_Stop), _HostReads():
+        generate(adapter, **prompt, mode="sjd", window=8, cfg_scale=cfg, static=True, tree=(3, 2))
+    assert [len(it.reads) for it in logs] == [0, 0, 0], logs[0].reads
+    assert logs[1].ops == logs[0].ops and logs[2].ops == logs[0].ops
+
+
+def test_one_tree_iteration_compiles_fullgraph(monkeypatch):
+    """tree_step under torch.compile(fullgraph=True) (aot_eager) equals the eager iteration (keys and values moved
+    on a copy of the adapter for the eager one)."""
+    from csd_kernels.decoding.tree import tree_step
+
+    lm = build_tiny_llama(24, seed=0, init=0.5)
+    adapter = ImageGPT(lm, image_token_range=(0, 16), grid=(2, 3), null_token_id=23)
+    states = []
+
+    def run(loop, bar=None):
+        from csd_kernels import reference as ref
+
+        tree = ref.tree_layout(*loop.settings.tree, loop.settings.window)
+        eager_state = copy.deepcopy(loop.state)
+        eager_adapter = copy.deepcopy(loop.adapter)
+        tree_step(eager_adapter, loop.settings, eager_state, tree)
+        compiled = torch.compile(tree_step, fullgraph=True, backend="aot_eager")
+        compiled(loop.adapter, loop.settings, loop.state, tree)
+        states.append((eager_state, loop.state))
+        raise _Stop
+
+    monkeypatch.setattr(StaticLoop, "run", run)
+    with pytest.raises(_Stop):
+        generate(adapter, torch.tensor([[16]]), mode="sjd", window=6, cfg_scale=2.0, seed=3, static=True, tree=(2, 2))
+    eager, compiled = states[0]
+    for name in ("seq", "n", "drafted", "attempts", "accepted", "passes", "q_store"):
+        torch.testing.assert_close(getattr(compiled, name), getattr(eager, name))

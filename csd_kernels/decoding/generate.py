@@ -11,6 +11,7 @@ sync per iteration (accept_len). See docs/decoding.md for the modes, the couplin
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
@@ -21,11 +22,21 @@ import torch
 from .. import reference as ref
 from ..grouped import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
 from ..models import get_adapter
-from ..models.protocol import is_static_adapter
-from ..validation import DRAFT_INITS, MODES, check_backend, check_generate, check_prompt, check_prompt_ids, row_seeds
+from ..models.protocol import is_static_adapter, is_tree_adapter
+from ..validation import (
+    DRAFT_INITS,
+    MODES,
+    check_backend,
+    check_generate,
+    check_prompt,
+    check_prompt_ids,
+    check_tree,
+    row_seeds,
+)
 from .state import RowState
 from .static import StaticLoop, StaticState
 from .steps import VERIFY, Settings, commit, draft_probs, draft_window, forward
+from .tree import tree_step
 
 __all__ = ["MODES", "COUPLINGS", "DEFAULT_COUPLING", "DRAFT_INITS", "GenerateOutput", "generate"]
 
@@ -94,6 +105,7 @@ def generate(
     static: bool = False,
     cuda_graph: Optional[bool] = None,
     compile: bool = False,
+    tree: Optional[tuple] = None,
 ) -> GenerateOutput:
     """Generate images with speculative Jacobi decoding (see the module docstring).
 
@@ -109,25 +121,32 @@ def generate(
     static: the fixed-shape iteration on a per-row static KV cache, no host sync inside (same tokens and passes
     at B = 1; every row its own window, so max_lead does not apply). cuda_graph (static only; None = on for CUDA):
     capture one iteration in a CUDA graph and replay it. compile (static only): the iteration under
-    torch.compile(fullgraph=True).
+    torch.compile(fullgraph=True). tree (K, D): a draft tree in every window (mode sjd, static=True, the maximal
+    coupling; docs/trees.md): K candidates per position at the first D positions, verified by recursive rejection
+    sampling; lossless.
     """
     batch = check_prompt(input_ids, prompt_embeds, attention_mask)
     coupling = check_generate(mode, coupling, window=window, cfg_scale=cfg_scale, temperature=temperature,
                               top_k=top_k, top_p=top_p, min_p=min_p, entropy_coef=entropy_coef,
                               tvd_threshold=tvd_threshold, draft_init=draft_init, group_rank=group_rank,
                               group_delta=group_delta, max_lead=max_lead)
+    tree = check_tree(tree, mode, window, coupling, static)
     coupling = coupling or DEFAULT_COUPLING
     seeds = row_seeds(seed, batch)
     adapter = get_adapter(model)
     cuda_graph = _check_static(adapter, static, cuda_graph, compile, max_lead)
+    if tree is not None and not is_tree_adapter(adapter):
+        raise ValueError(f"tree={tree}: {type(adapter).__name__} has no forward_tree() / keep_path() (draft trees "
+                         "need one cache slot per input and no forced tokens between grid tokens)")
     device = adapter.device
     check_backend(backend, device)
     check_prompt_ids(input_ids, getattr(adapter, "prompt_vocab_size", None))
     total = adapter.grid[0] * adapter.grid[1]
-    window = 1 if mode == "ar" else min(window, total)
+    window = 1 if mode == "ar" else (window if tree else min(window, total))  # a tree may run past the grid
     run = Settings(mode, window, total, adapter.grid[1], adapter.vocab_size, cfg_scale, temperature, top_k,
                    entropy_coef, tvd_threshold, draft_init, coupling, backend, group_rank, group_delta,
-                   seeds.to(device), temperature > 0 and mode in ("sjd", "csd", "gsd"), top_p=top_p, min_p=min_p)
+                   seeds.to(device), temperature > 0 and mode in ("sjd", "csd", "gsd"), top_p=top_p, min_p=min_p,
+                   tree=tree)
     lead = DEFAULT_MAX_LEAD_FACTOR * window if max_lead is None else max_lead
     clock = _Clock(device, sync_timings)
     if static:
@@ -157,7 +176,10 @@ def generate(
 def _generate_static(adapter, run: Settings, batch: int, prefill_passes: int, clock: "_Clock", progress: bool,
                      cuda_graph: bool, compile: bool) -> GenerateOutput:
     state = StaticState.empty(batch, run.total, run.window, run.vocab, run.need_q, adapter.device)
-    loop = StaticLoop(adapter, run, state, cuda_graph=cuda_graph, compile=compile)
+    iteration = None
+    if run.tree is not None:
+        iteration = functools.partial(tree_step, layout=ref.tree_layout(*run.tree, run.window))
+    loop = StaticLoop(adapter, run, state, cuda_graph=cuda_graph, compile=compile, iteration=iteration)
     bar = _progress_bar(progress, run.total, run.mode)
     clock.time("loop", lambda: loop.run(bar))
     if bar is not None:

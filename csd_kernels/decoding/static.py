@@ -146,10 +146,11 @@ class StaticLoop:
     """Runs :func:`static_step` until every row is done, reading the done flag ``lag`` iterations late.
 
     ``cuda_graph``: warm up with one real iteration, capture the next in a CUDA graph, replay it. ``compile``: run the
-    iteration through ``torch.compile(fullgraph=True)`` (one specialisation per (B, W, V))."""
+    iteration through ``torch.compile(fullgraph=True)`` (one specialisation per (B, W, V)). ``iteration``: the
+    function of (adapter, settings, state) run each time (static_step; a draft tree's tree_step)."""
 
     def __init__(self, adapter, run: Settings, state: StaticState, *, lag: Optional[int] = None,
-                 cuda_graph: bool = False, compile: bool = False):
+                 cuda_graph: bool = False, compile: bool = False, iteration=None):
         self.adapter, self.settings, self.state = adapter, run, state
         self.device = state.n.device
         asynchronous = self.device.type != "cpu"
@@ -157,8 +158,10 @@ class StaticLoop:
         self.cuda_graph = cuda_graph
         self.iterations = 0
 
+        iteration = static_step if iteration is None else iteration  # tree.tree_step with its layout bound
+
         def step():
-            static_step(adapter, run, state)
+            iteration(adapter, run, state)
 
         self._step = torch.compile(step, fullgraph=True) if compile else step
         self._graph = None

@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 from .protocol import PaddedRows, cache_kwarg, crop_cache, new_dynamic_cache
-from .row_cache import RowCache, additive_mask, chain_visibility
+from .row_cache import RowCache, additive_mask, chain_visibility, move_rows, tree_visibility
 
 __all__ = ["CachedImageLM"]
 
@@ -141,14 +141,18 @@ class CachedImageLM:
             self._key_valid[:, : self.prompt_len] = mask != 0
         return RowCache(self.backbone.config, rows, capacity, self.dtype, self.device)
 
-    def _run_rows(self, inputs: dict, slots: torch.Tensor) -> torch.Tensor:
+    def _run_rows(self, inputs: dict, slots: torch.Tensor, visible: Optional[torch.Tensor] = None,
+                  seq_index: Optional[torch.Tensor] = None) -> torch.Tensor:
         """One backbone call writing its T inputs at slots [R, T] of the RowCache -> last hidden state [R, T, D].
-        Positions count real tokens (slot minus the row's left padding), as in the eager path."""
+        Positions count real tokens (sequence index, by default the slot, minus the row's left padding), as in the
+        eager path; ``visible`` [R, T, S] defaults to the chain's."""
         cache = self.cache
-        visible = chain_visibility(slots, cache.capacity, self._key_valid)  # [R, T, S]
+        if visible is None:
+            visible = chain_visibility(slots, cache.capacity, self._key_valid)  # [R, T, S]
+        seq_index = slots if seq_index is None else seq_index
         cache.slots = slots
         out = self.backbone(**inputs, attention_mask=additive_mask(visible, self.dtype),
-                            position_ids=(slots - self._pads[:, None]).clamp(min=0), use_cache=True,
+                            position_ids=(seq_index - self._pads[:, None]).clamp(min=0), use_cache=True,
                             **{self._cache_kw: cache})
         return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
@@ -166,6 +170,45 @@ class CachedImageLM:
         if self.cfg:
             return logits[: self.batch], logits[self.batch :]
         return logits, None
+
+    @property
+    def supports_tree(self) -> bool:
+        """Draft trees need one cache slot per input and no forced tokens between grid tokens."""
+        cls = type(self)
+        return cls._window_static is CachedImageLM._window_static and cls._static_span is CachedImageLM._static_span
+
+    @torch.no_grad()
+    def forward_tree(self, tokens: torch.Tensor, first: torch.Tensor, depth: torch.Tensor, ancestor: torch.Tensor):
+        """A draft tree: tokens [B, W] (slot 0 = x_{first_b}, slot s at sequence index first_b + depth[s], written
+        at cache slot first_b + s), each seeing the committed prefix and its ancestors (ancestor [W, W]) ->
+        (cond [B, W, V], uncond [B, W, V] | None) logits at every slot."""
+        if not self.supports_tree:
+            raise ValueError(f"{type(self).__name__} puts forced tokens between grid tokens: no draft trees yet")
+        ids = self._to_model_ids(tokens)  # [B, W]
+        if self.cfg:
+            ids, first = torch.cat([ids, ids], 0), torch.cat([first, first], 0)  # [R, W], [R]
+        ids, at_prompt = self._at_prompt_end(ids, first)
+        base = self._seq_index(first)  # [R] cache slot of x_first
+        slots = base[:, None] + torch.arange(ids.shape[1], device=ids.device)[None, :]
+        visible = tree_visibility(base, ancestor, self.cache.capacity, self._key_valid)
+        hidden = self._run_rows(self._inputs_static(ids, at_prompt), slots, visible,
+                                base[:, None] + depth.to(ids.device)[None, :])
+        logits = self._head(hidden)
+        if self.cfg:
+            return logits[: self.batch], logits[self.batch :]
+        return logits, None
+
+    def keep_path(self, first: torch.Tensor, path: torch.Tensor) -> None:
+        """Move the accepted path's keys and values into place: slot first_b + k <- slot first_b + path[b, k]
+        (path [B, L] window slots by depth; -1 keeps slot k)."""
+        if self.cfg:
+            first, path = torch.cat([first, first], 0), torch.cat([path, path], 0)
+        depth = torch.arange(path.shape[1], device=path.device)[None, :]
+        base = self._seq_index(first)[:, None]
+        source = base + torch.where(path >= 0, path, depth)
+        for layer in self.cache.layers:
+            move_rows(layer.keys, base + depth, source)
+            move_rows(layer.values, base + depth, source)
 
     def _at_prompt_end(self, ids: torch.Tensor, first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids with the prompt's final token in slot 0 of rows at first = -1, that slot [R, W] bool)."""

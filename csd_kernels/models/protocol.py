@@ -27,6 +27,11 @@ The static form (:class:`StaticImageAdapter`, used by ``generate(..., static=Tru
 row); then ``forward_static(tokens [B, W], first [B])`` feeds every row W inputs x_{first_b} .. x_{first_b+W-1} at
 its own positions and returns (cond, uncond) logits [B, W, V], with no crop, no concatenation and no host sync: the
 same tensor shapes every call. Inputs past the grid are allowed (their logits are junk and never used).
+
+Draft trees (``generate(..., tree=(K, D))``, static loop only) also need ``forward_tree(tokens [B, W], first [B],
+depth [W], ancestor [W, W] bool)`` — slot s at sequence index first_b + depth[s], written at cache slot first_b + s,
+seeing the committed prefix and its ancestors — and ``keep_path(first [B], path [B, L])``, which moves the accepted
+path's keys and values into place (slot first_b + k <- slot first_b + path[b, k]), with ``supports_tree`` True.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import torch
 from .row_cache import additive_mask, chain_visibility
 
 __all__ = ["ImageAdapter", "StaticImageAdapter", "cache_kwarg", "crop_cache", "new_dynamic_cache", "is_adapter",
-           "is_static_adapter", "to_uint8_images", "PaddedRows"]
+           "is_static_adapter", "is_tree_adapter", "to_uint8_images", "PaddedRows"]
 
 
 @runtime_checkable
@@ -101,6 +106,12 @@ def is_adapter(obj) -> bool:
 def is_static_adapter(obj) -> bool:
     """True when obj also implements the static form (``static_cache`` and ``forward_static``)."""
     return is_adapter(obj) and all(callable(getattr(obj, m, None)) for m in ("static_cache", "forward_static"))
+
+
+def is_tree_adapter(obj) -> bool:
+    """True when obj runs draft trees (the static form, ``forward_tree``, ``keep_path`` and ``supports_tree``)."""
+    return (is_static_adapter(obj) and all(callable(getattr(obj, m, None)) for m in ("forward_tree", "keep_path"))
+            and bool(getattr(obj, "supports_tree", False)))
 
 
 def cache_kwarg(module) -> str:

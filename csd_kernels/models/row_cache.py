@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["RowCache", "chain_visibility", "additive_mask", "write_rows"]
+__all__ = ["RowCache", "chain_visibility", "tree_visibility", "additive_mask", "write_rows", "move_rows"]
 
 
 def write_rows(store: torch.Tensor, slots: torch.Tensor, new: torch.Tensor) -> None:
@@ -35,6 +35,27 @@ def chain_visibility(slots: torch.Tensor, capacity: int, key_valid: Optional[tor
     if key_valid is not None:
         visible = (visible & key_valid[:, None, :]) | (keys[None, None, :] == slots[:, :, None])
     return visible
+
+
+def tree_visibility(base: torch.Tensor, ancestor: torch.Tensor, capacity: int,
+                    key_valid: Optional[torch.Tensor]) -> torch.Tensor:
+    """bool [R, W, S]: window input s (written at slot base_r + s) sees the committed slots before base_r (except
+    hidden prompt padding) and the window slots of its ancestors and itself (ancestor [W, W]: t is s or above s)."""
+    width = ancestor.shape[0]
+    offset = torch.arange(capacity, device=base.device)[None, :] - base[:, None]  # [R, S] slot - window start
+    prefix = offset < 0
+    if key_valid is not None:
+        prefix = prefix & key_valid
+    in_window = (offset >= 0) & (offset < width)
+    index = offset.clamp(0, width - 1)[:, None, :].expand(-1, width, -1)  # [R, W, S]
+    above = ancestor.to(base.device)[None].expand(base.shape[0], -1, -1).gather(2, index)
+    return prefix[:, None, :] | (in_window[:, None, :] & above)
+
+
+def move_rows(store: torch.Tensor, destination: torch.Tensor, source: torch.Tensor) -> None:
+    """store [R, H, S, D]: slots destination [R, T] <- the slots source [R, T] (read before any is written)."""
+    index = lambda slots: slots[:, None, :, None].expand(-1, store.shape[1], -1, store.shape[3])  # noqa: E731
+    store.scatter_(2, index(destination), store.gather(2, index(source)))
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..row_cache import chain_visibility
+from ..row_cache import chain_visibility, move_rows, tree_visibility
 from .gpt import KVCache, RowKVCache, Transformer
 from .vq import VQDecoder, to_uint8_like_save_image
 
@@ -159,6 +159,37 @@ class LlamaGenAdapter:
         if self.cfg:
             return logits[: self.batch], logits[self.batch :]
         return logits, None
+
+    supports_tree = True
+
+    @torch.no_grad()
+    def forward_tree(self, tokens: torch.Tensor, first: torch.Tensor, depth: torch.Tensor, ancestor: torch.Tensor):
+        """A draft tree (see CachedImageLM.forward_tree): slot s at position first_b + depth[s], cache slot first_b + s,
+        seeing the committed prefix and its ancestors -> (cond [B, W, V], uncond [B, W, V] | None)."""
+        if self.cfg:
+            tokens, first = torch.cat([tokens, tokens]), torch.cat([first, first])  # [R, W], [R]
+        embeds = self.model.tok_embeddings(tokens)  # [R, W, D]
+        slot0 = torch.arange(tokens.shape[1], device=tokens.device)[None, :, None] == 0
+        embeds = torch.where(slot0 & (first[:, None, None] == -1), self.last, embeds)  # x_{-1}: the condition
+        base = self.args.cls_token_num + first  # [R]
+        slots = base[:, None] + torch.arange(tokens.shape[1], device=tokens.device)
+        visible = tree_visibility(base, ancestor, self.cache.capacity, self.key_valid)
+        logits = self.model.forward_rows(embeds, base[:, None] + depth.to(tokens.device)[None, :], self.cache,
+                                         visible, slots)
+        if self.cfg:
+            return logits[: self.batch], logits[self.batch :]
+        return logits, None
+
+    def keep_path(self, first: torch.Tensor, path: torch.Tensor) -> None:
+        """Slot first_b + k <- slot first_b + path[b, k] in every layer (path -1 keeps slot k)."""
+        if self.cfg:
+            first, path = torch.cat([first, first]), torch.cat([path, path])
+        depth = torch.arange(path.shape[1], device=path.device)[None, :]
+        base = (self.args.cls_token_num + first)[:, None]
+        source = base + torch.where(path >= 0, path, depth)
+        for store in (self.cache.keys, self.cache.values):
+            for layer in store:
+                move_rows(layer, base + depth, source)
 
     # ------------------------------------------------------------------------------------------------------------------
     # the protocol's decoding steps

@@ -337,12 +337,13 @@ class Transformer(nn.Module):
         return self.output(self.norm(h)).float()  # [R, T, V]
 
     def forward_rows(self, h: torch.Tensor, positions: torch.Tensor, cache: RowKVCache,
-                     visible: torch.Tensor) -> torch.Tensor:
-        """h [R, T, D] inputs at sequence positions [R, T] (their RoPE rows and their cache slots) -> logits
-        [R, T, V] float32, attending to the slots ``visible`` [R, T, capacity] bool marks. Positions past the
-        sequence (junk inputs of the loop's last windows) take the last RoPE row."""
+                     visible: torch.Tensor, slots: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """h [R, T, D] inputs at sequence positions [R, T] (their RoPE rows; their cache slots too unless ``slots``
+        [R, T] is given, as a draft tree's siblings share a position) -> logits [R, T, V] float32, attending to the
+        slots ``visible`` [R, T, capacity] bool marks. Positions past the sequence (junk inputs of the loop's last
+        windows) take the last RoPE row."""
         rope = self.rope[positions.clamp(max=self.rope.shape[0] - 1)]  # [R, T, D/2, 2]
         mask = visible[:, None]  # [R, 1, T, S]
         for layer in self.layers:
-            h = layer(h, rope, positions, mask, cache)
+            h = layer(h, rope, positions if slots is None else slots, mask, cache)
         return self.output(self.norm(h)).float()

@@ -1,0 +1,127 @@
+"""One iteration of the static loop with a draft tree (``generate(..., tree=(K, D), static=True)``).
+
+Every row feeds W inputs: x_{n-1} (the root) and the W - 1 draft nodes of reference.tree_layout(K, D, W) — the main
+chain (the drafts the loop keeps at n, n+1, ..) and, at each of the first D levels, the siblings of the Cartesian
+tree: K candidates per position, the main draft and K - 1 more drawn without replacement from the position's q by
+Gumbel-top-K on the tree stream. One forward call with the ancestor mask (``forward_tree``), then reference.tree_walk
+verifies the tree (recursive rejection sampling at every accepted node, the correction from the last residual, a
+draw from p below a leaf), the accepted path's keys and values move into place (``keep_path``), and the main chain
+after the stop draws the next drafts by the maximal coupling against its own p (reference.verify on the chain: the
+step stream, untouched by the walk), whose p is the next q. Verification runs the torch reference (docs/trees.md).
+
+Shapes: B rows, W window slots, M main-chain draft nodes (W - 1 minus the siblings), V image tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import reference as ref
+from ..drafts import random_draft_tokens
+from .static import StaticState, _draft_probs
+from .steps import Settings
+
+__all__ = ["tree_step"]
+
+
+def tree_step(adapter, run: Settings, state: StaticState, layout: ref.TreeLayout) -> None:
+    """One iteration for every row, in place on ``state`` (the tree form of static.static_step)."""
+    window, total, levels = run.window, run.total, layout.levels
+    n = state.n
+    slots = torch.arange(window, device=n.device)
+    grid_pos = n[:, None] + slots  # [B, W] positions of the main-chain view n .. n + W - 1
+    active = n < total
+    win_end = (n + window).clamp(max=total)
+    draftable = (grid_pos < win_end[:, None] - 1) & (slots < levels)  # the main chain's M drafts
+    sampled = draftable & (grid_pos < state.drafted[:, None])
+    fresh = draftable & ~sampled
+    fresh_tokens = random_draft_tokens(run.seeds, state.attempts, n, window, run.vocab)
+    above = None
+    if run.draft_init == "above":
+        above_pos = grid_pos - run.width
+        above = fresh & (above_pos >= 0) & (above_pos < n[:, None])
+        fresh_tokens = torch.where(above, state.seq.gather(1, above_pos.clamp(min=0)), fresh_tokens)
+    current = state.seq.gather(1, grid_pos)
+    main = torch.where(sampled, current, torch.where(fresh, fresh_tokens, -1))  # [B, W]
+    q = _draft_probs(state, run, sampled, above, fresh_tokens)
+    if q is None:  # greedy: p is one-hot, any q with q(x) > 0 takes the argmax decision
+        q = torch.full((1, 1, 1), 1.0 / run.vocab, device=n.device).expand(n.shape[0], window, run.vocab)
+
+    nodes = _node_tokens(run, state, layout, main[:, :levels], q[:, :levels])  # [B, W]
+    last = state.seq.gather(1, (n - 1).clamp(min=0)[:, None])
+    inputs = torch.cat([last, nodes[:, 1:].clamp(min=0)], 1)
+    cond, uncond = adapter.forward_tree(inputs, n - 1, layout.depth.to(n.device), layout.ancestor.to(n.device))
+    cond, uncond = cond.float(), (None if uncond is None else uncond.float())
+
+    target = ref.target_distribution(cond, uncond, run.cfg_scale, run.temperature, run.top_k, torch.float32,
+                                     run.top_p, run.min_p)
+    u_accept, u_sample = ref.tree_uniforms(run.seeds, state.attempts, n.shape[0], window)
+    walk = ref.tree_walk(target.p, nodes, q[:, :levels].float(), layout, u_accept, u_sample, target.support)
+    chain = _chain_drafts(cond, uncond, main, q, run, state, levels)
+    adapter.keep_path(n - 1, torch.where(active[:, None], walk.path, -1))
+    _commit(state, run, walk, chain, target, q, grid_pos, current, active, win_end, levels)
+
+
+def _node_tokens(run: Settings, state: StaticState, layout: ref.TreeLayout, main, q) -> torch.Tensor:
+    """[B, W] each slot's token: slot 0 unused (-1 here), the main draft or a sibling candidate of its level; no
+    siblings where the position has no main draft."""
+    depth = layout.depth.to(main.device)
+    rank = layout.rank.to(main.device)
+    tree_levels = layout.depth_limit
+    u = ref.tree_gumbel_uniforms(run.seeds, state.attempts, main.shape[0], tree_levels, run.vocab)
+    cand = ref.tree_candidates(main[:, :tree_levels], q[:, :tree_levels].float(), layout.branching, u)
+    cand = torch.where(main[:, :tree_levels, None] >= 0, cand, -1)  # [B, D, K]
+    pad = torch.full((main.shape[0], main.shape[1] - tree_levels, cand.shape[2]), -1, dtype=cand.dtype,
+                     device=cand.device)
+    cand = torch.cat([cand, pad], 1)
+    cand[:, tree_levels:, 0] = main[:, tree_levels:]
+    tokens = cand[:, depth[1:] - 1, rank[1:]]
+    return torch.cat([torch.full_like(tokens[:, :1], -1), tokens], 1)
+
+
+def _chain_drafts(cond, uncond, main, q, run: Settings, state: StaticState, levels: int) -> ref.VerifyResult:
+    """The main chain (slots 0 .. M) verified strictly with the maximal coupling: its tokens are the next drafts at
+    every position after the walk's stop (accepted iff kept), its p the next q."""
+    length = levels + 1
+    drafts = torch.cat([main[:, :levels], torch.full_like(main[:, :1], -1)], 1)
+    return ref.verify(cond[:, :length], drafts, q[:, :length].float(),
+                      uncond_logits=None if uncond is None else uncond[:, :length], cfg_scale=run.cfg_scale,
+                      temperature=run.temperature, top_k=run.top_k, top_p=run.top_p, min_p=run.min_p, rule="strict",
+                      start=torch.zeros_like(state.n), coupling="maximal", positions=state.n, seed=run.seeds,
+                      offset=state.attempts, return_probs=True)
+
+
+def _commit(state: StaticState, run: Settings, walk: ref.TreeWalk, chain: ref.VerifyResult, target: ref.Target, q,
+            grid_pos, current, active, win_end, levels: int) -> None:
+    """Active rows commit the path and the emitted token and keep the chain's next drafts (their p as q)."""
+    n, window, batch = state.n, run.window, state.n.shape[0]
+    slots = torch.arange(window, device=n.device)[None, :]
+    accept_len = walk.accept_len
+    new_n = torch.where(active, torch.minimum(n + accept_len + 1, win_end), n)
+    index = slots.clamp(max=levels)
+    walked = walk.tokens.gather(1, index.expand(batch, -1))
+    later = chain.tokens.gather(1, index.expand(batch, -1))
+    tokens = torch.where(slots <= accept_len[:, None], walked, torch.where(slots <= levels, later, current))
+    state.seq.scatter_(1, grid_pos, torch.where(active[:, None], tokens, current))
+
+    rows = torch.arange(batch, device=n.device)[:, None]
+    parent = walk.path.clamp(min=0).gather(1, index.expand(batch, -1))  # [B, W] the slot above each emitted token
+    p_at = target.p[rows, parent]  # [B, W, V]
+    tvd = ref.total_variation(p_at, q.float())
+    stats = torch.stack([target.h[rows, parent], walk.accept_prob.gather(1, index.expand(batch, -1)),
+                         torch.zeros_like(tvd), tvd]).float()
+    newly = active[:, None] & (grid_pos < new_n[:, None])
+    map_index = grid_pos[None].expand(4, -1, -1)
+    state.maps.scatter_(2, map_index, torch.where(newly[None], stats, state.maps.gather(2, map_index)))
+    state.accepted.index_copy_(0, state.passes, (new_n - n)[None])
+    state.passes.add_(active.any().to(torch.int64))
+    if state.q_store is not None:
+        shift = ((new_n - n)[:, None] + slots).clamp(max=levels)
+        fresh_q = chain.probs.gather(1, shift[..., None].expand(-1, -1, run.vocab))
+        state.q_store.copy_(torch.where(active[:, None, None], fresh_q, state.q_store))
+    bad = (target.bad.any(-1) | chain.status.bool()).to(torch.int64) * ref.STATUS_BAD_LOGITS
+    state.drafted.copy_(torch.where(active, torch.minimum(n + levels + 1, win_end), state.drafted))
+    state.attempts.add_(active.to(torch.int64))
+    state.status.copy_(torch.where(active, bad, 0) | state.status)
+    state.n.copy_(new_n)
+    state.flags.copy_(torch.stack([new_n.min(), state.status.max()]))
