@@ -44,6 +44,7 @@ from typing import Optional, Union
 import torch
 
 from .lumina_checkpoint import _GENERIC_FIELDS
+from .strict import MAX_LISTED, log_ignored, raise_problems
 
 __all__ = ["is_janus_original", "janus_original_config", "janus_tokenizer", "load_janus_pro"]
 
@@ -66,7 +67,6 @@ _IGNORED_TENSORS = (
     (re.compile(r"gen_vision_model\.quantize\.codebook_used$"), "the VQ's training-usage counter"),
     (re.compile(r".*\.rotary_emb\.inv_freq$"), "RoPE frequencies, recomputed from the RoPE base"),
 )
-_MAX_LISTED = 12
 _SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
@@ -121,7 +121,7 @@ def _read_tensors(path: Path) -> dict:
             raise ValueError(f"{file}: not a state dict of tensors")
         twice = sorted(set(tensors) & set(stored))
         if twice:
-            raise ValueError(f"{path}: tensors stored twice: {twice[:_MAX_LISTED]}")
+            raise ValueError(f"{path}: tensors stored twice: {twice[:MAX_LISTED]}")
         stored.update(tensors)
     return stored
 
@@ -296,15 +296,8 @@ def _convert(stored: dict, expected: dict, where: Path) -> dict:
             continue
         state.update(targets)
     missing = [f"{n} {list(expected[n])}" for n in sorted(expected) if n not in state and n not in misfit]
-    problems = [(kind, items) for kind, items in (("missing tensors", missing), ("unknown tensors", unknown),
-                                                  ("shapes no rule converts", bad_shape)) if items]
-    if problems:
-        text = "; ".join(f"{kind}: " + ", ".join(items[:_MAX_LISTED])
-                         + (f" and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else "")
-                         for kind, items in problems)
-        raise ValueError(f"{where}: cannot load as deepseek-ai Janus: {text}")
-    for reason, names in ignored.items():
-        log.info("%s: ignored %d tensors (%s ...): %s", where, len(names), names[0], reason)
+    raise_problems(where, "deepseek-ai Janus", missing, unknown, bad_shape)
+    log_ignored(log, where, ignored)
     return state
 
 

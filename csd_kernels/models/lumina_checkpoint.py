@@ -50,6 +50,8 @@ from typing import Optional, Union
 
 import torch
 
+from .strict import log_ignored, raise_problems
+
 __all__ = ["LUMINA_ARCHITECTURES", "load_lumina_chameleon", "lumina_chameleon_config", "move_chameleon"]
 
 log = logging.getLogger(__name__)
@@ -97,7 +99,6 @@ _IGNORED_TENSORS = (
 _QK_NORM = re.compile(r"model\.layers\.\d+\.self_attn\.(q|k)_norm\.(weight|bias)$")
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
-_MAX_LISTED = 12  # problems listed per kind in one error
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -246,15 +247,8 @@ def _plan(stored: dict, expected: dict, config, where: Path) -> dict:
             continue
         plan[name] = (name, repeats)
     missing = [f"{n} {list(expected[n])}" for n in sorted(expected) if n not in stored]
-    problems = [(kind, items) for kind, items in (("missing tensors", missing), ("unknown tensors", unknown),
-                                                  ("shapes no rule converts", bad_shape)) if items]
-    if problems:
-        text = "; ".join(f"{kind}: " + ", ".join(items[:_MAX_LISTED])
-                         + (f" and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else "")
-                         for kind, items in problems)
-        raise ValueError(f"{where}: cannot load as Lumina-mGPT: {text}")
-    for reason, names in ignored.items():
-        log.info("%s: ignored %d tensors (%s ...): %s", where, len(names), names[0], reason)
+    raise_problems(where, "Lumina-mGPT", missing, unknown, bad_shape)
+    log_ignored(log, where, ignored)
     return plan
 
 
