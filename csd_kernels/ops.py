@@ -46,9 +46,13 @@ def _torch_backend(logits, draft_tokens, draft_probs, uncond, cfg_scale, tempera
 
 
 def _triton_backend(*args, packed_outputs=False):
-    from .triton_verify import verify_triton
+    global _verify_triton
+    if _verify_triton is None:  # imported on first use (triton is optional), then kept: an import costs every call
+        from .triton_verify import verify_triton as _verify_triton
+    return _verify_triton(*args, packed_outputs=packed_outputs)
 
-    return verify_triton(*args, packed_outputs=packed_outputs)
+
+_verify_triton = None
 
 
 def _compiled_backend(*args):
@@ -283,16 +287,21 @@ def verify(
     chosen = select_backend(backend, device)
     if torch.compiler.is_compiling():
         outputs = _verify_op(*args, chosen)  # the registered op: traced through its fake implementation
-    else:
-        with torch.no_grad():  # eager: the same implementation without the dispatcher's per-call cost
-            outputs = _triton_backend(*args, packed_outputs=True) if chosen == "triton" else \
-                _BACKEND_FUNCTIONS[chosen](*args)  # eager outputs may share storage (fewer allocations)
+    else:  # eager: the same implementation without the dispatcher's per-call cost
+        outputs = _eager(chosen, args)
     result = VerifyResult(*outputs)
     if not return_probs:
         result.probs = None
     if validate:
         _validate(result, start, batch, length, target_is_probs)
     return result
+
+
+def _eager(chosen: str, args: tuple) -> tuple:
+    if chosen == "triton":  # kernels write fresh outputs through pointers: no autograd graph, so no no_grad cost
+        return _triton_backend(*args, packed_outputs=True)  # eager outputs may share storage (fewer allocations)
+    with torch.no_grad():
+        return _BACKEND_FUNCTIONS[chosen](*args)
 
 
 def _one_target(target_logits, target_probs, uncond_logits, cfg_scale, temperature, top_k, top_p, min_p):
@@ -323,6 +332,8 @@ def _check_nucleus(top_p, min_p) -> tuple[float, float]:
 
 def _renamed(deprecated: dict, rule: str, coupling: str) -> tuple[str, str]:
     """(rule, coupling), taking the deprecated ``mode=`` / ``next_drafts=`` spellings with a warning."""
+    if not deprecated:
+        return rule, coupling
     import warnings
 
     for old, new in (("mode", "rule"), ("next_drafts", "coupling")):

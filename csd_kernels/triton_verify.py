@@ -111,6 +111,7 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.lru_cache(maxsize=1024)  # asked every call with the same few temperatures / top_p / min_p
 def _fp32(value: float) -> float:
     try:
         return struct.unpack("f", struct.pack("f", value))[0]
@@ -157,27 +158,27 @@ def verify_triton(
         out["status"].zero_()
     else:
         greedy = temperature == 0
-        # top-k, top-p, min-p and target probabilities take the per-position paths
-        nucleus = dict(TOP_P=(not greedy) and top_p < 1.0, MIN_P=(not greedy) and min_p > 0.0,
-                       PROBS=bool(target_is_probs))
-        whole_row = ((not greedy) and 0 < top_k < V) or any(nucleus.values())
         has_q = draft_probs is not None
         seed, offset, start, positions = (t if t.dim() == 1 else t.reshape(-1)  # ops.verify gives [B] or [1]
                                           for t in (seed, offset, start, positions))
-        flags = dict(HAS_UNCOND=uncond_logits is not None, HAS_Q=has_q, GREEDY=greedy,
-                     CSD_RULE=int(rule) == 1, COUPLING=int(coupling), RETURN_PROBS=bool(return_probs),
-                     PER_ROW_SEED=seed.numel() != 1)
+        per_row_seed = seed.numel() != 1
+        # tuples, named (_FLAG_NAMES, _NUCLEUS_NAMES) only when a key's launches are first prepared
+        flags = (uncond_logits is not None, has_q, greedy, int(rule) == 1, int(coupling), bool(return_probs),
+                 per_row_seed)
+        # top-k, top-p, min-p and target probabilities take the per-position paths
+        nucleus = ((not greedy) and top_p < 1.0, (not greedy) and min_p > 0.0, bool(target_is_probs))
+        whole_row = ((not greedy) and 0 < top_k < V) or True in nucleus
         key = _launch_key(target_logits, uncond_logits, draft_probs, draft_tokens, start, positions, seed, offset,
-                          int(top_k), (flags, nucleus))
+                          int(top_k), flags, nucleus)
         work = _workspace(key, B, L, V, whole_row, device)
         args = _Args(
             target_logits, uncond_logits if uncond_logits is not None else target_logits,
             draft_probs if has_q else out["ent"], draft_tokens, start, positions, seed, offset,
             q_strides=tuple(draft_probs.stride()) if has_q else (0, 0, 0),
-            seed_stride=seed.stride(0) if seed.numel() != 1 else 0,
+            seed_stride=seed.stride(0) if per_row_seed else 0,
             offset_stride=offset.stride(0) if offset.numel() != 1 else 0,
             scalars=(float(cfg_scale), _fp32(1.0 / temperature) if not greedy else 1.0),  # 1/T rounded once, as ref
-            flags=flags,
+            flag_values=flags,
         )
         with device_guard(device):  # launch on the tensors' device, not the current one
             if work.plan.path == "split":
@@ -185,7 +186,7 @@ def verify_triton(
             else:
                 log_min_p = _fp32(math.log(min_p)) if min_p > 0 else float("-inf")  # ln rounded once, as the reference
                 _launch_per_position(work, args, out, int(top_k), float(entropy_coef), float(tvd_threshold),
-                                     (_fp32(top_p), log_min_p), nucleus)
+                                     (_fp32(top_p), log_min_p), dict(zip(_NUCLEUS_NAMES, nucleus)))
     o = out
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
 
@@ -205,18 +206,24 @@ def _allocate_outputs(B: int, L: int, V: int, device: torch.device, return_probs
     return out
 
 
-def _launch_key(logits, uncond, q, drafts, start, positions, seed, offset, top_k: int, flags: tuple) -> tuple:
+_FLAG_NAMES = ("HAS_UNCOND", "HAS_Q", "GREEDY", "CSD_RULE", "COUPLING", "RETURN_PROBS", "PER_ROW_SEED")
+_NUCLEUS_NAMES = ("TOP_P", "MIN_P", "PROBS")
+
+
+def _launch_key(logits, uncond, q, drafts, start, positions, seed, offset, top_k: int, flags: tuple,
+                nucleus: tuple) -> tuple:
     """What the launches are specialized on (see triton_launch), cheaply: the device, the float inputs' dtypes, the
     strides of every input, the 16-byte alignment of every input pointer, the integer top_k and the constexpr flags.
     Every other integer argument and every workspace pointer derives from these (ops.verify fixed the shapes of the
     other inputs against target_logits, and start / positions / seed / offset are int64). A new integer or constexpr
     kernel argument must be added here."""
-    aligned = tuple(t.data_ptr() & 15 for t in (logits, drafts, start, positions, seed, offset))
+    aligned = (logits.data_ptr() & 15, drafts.data_ptr() & 15, start.data_ptr() & 15, positions.data_ptr() & 15,
+               seed.data_ptr() & 15, offset.data_ptr() & 15)
     return (logits.device, logits.dtype, logits.shape, logits.stride(),
             None if uncond is None else (uncond.dtype, uncond.stride(), uncond.data_ptr() & 15),
             None if q is None else (q.stride(), q.data_ptr() & 15),
             drafts.dtype, drafts.stride(), start.stride(), positions.stride(), seed.stride(), offset.stride(),
-            aligned, top_k, tuple(tuple(f.values()) for f in flags))
+            aligned, top_k, flags, nucleus)
 
 
 @dataclass
@@ -281,7 +288,11 @@ class _Args:
     seed_stride: int
     offset_stride: int
     scalars: tuple  # cfg_scale, 1/T
-    flags: dict  # the constexpr switches both paths share
+    flag_values: tuple  # the constexpr switches both paths share, in _FLAG_NAMES order
+
+    @property
+    def flags(self) -> dict:
+        return dict(zip(_FLAG_NAMES, self.flag_values))
 
     def inputs(self, work: _Workspace) -> list:
         """The leading kernel arguments both paths share, in kernel order: the key's strides, this call's tensors."""
