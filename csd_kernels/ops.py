@@ -157,21 +157,29 @@ def _zeros(batch: int, device: torch.device) -> torch.Tensor:
 
 
 def _philox_word(name: str, value: SeedLike, device: torch.device, *, allow_per_row: int = 0,
-                 limit: int) -> torch.Tensor:
-    """int64 tensor [1] (or [allow_per_row]) holding the bit pattern of a non-negative integer below ``limit``."""
+                 limit: int) -> Union[int, torch.Tensor]:
+    """The int64 bit pattern of a non-negative integer below ``limit``: a signed int for an int (see
+    :func:`_word_tensor`), an int64 tensor [1] (or [allow_per_row]) for a tensor."""
     if isinstance(value, bool) or not isinstance(value, (int, torch.Tensor)):
         raise ValueError(f"{name} must be an int or an int64 tensor, got {type(value).__name__}")
     if isinstance(value, int):
         if not 0 <= value < limit:
             raise ValueError(f"{name} must lie in [0, {limit}), got {value}")
-        signed = value - (1 << 64) if value >= (1 << 63) else value
-        # A fill kernel, not a host-to-device copy: no sync, and capturable in a CUDA graph (the int is baked in).
-        return torch.full((1,), signed, dtype=torch.int64, device=device)
+        return value - (1 << 64) if value >= (1 << 63) else value
     sizes = (1, allow_per_row) if allow_per_row else (1,)
     if value.dtype != torch.int64 or value.numel() not in sizes or value.dim() > 1:
         raise ValueError(f"{name} must be an int64 tensor with {' or '.join(map(str, sizes))} element(s), got "
                          f"{value.dtype} {tuple(value.shape)}")
     return value.reshape(-1).to(device)
+
+
+def _word_tensor(word: Union[int, torch.Tensor], device: torch.device) -> torch.Tensor:
+    """A seed / offset word as the int64 tensor every backend but the eager Triton launch reads (that one takes the
+    int as a kernel argument: no fill kernel)."""
+    if isinstance(word, torch.Tensor):
+        return word
+    # A fill kernel, not a host-to-device copy: no sync, and capturable in a CUDA graph (the int is baked in).
+    return torch.full((1,), word, dtype=torch.int64, device=device)
 
 
 def _check_logits(name: str, tensor, shape=None, dtypes=_FLOAT_DTYPES) -> torch.Tensor:
@@ -281,11 +289,14 @@ def verify(
     seed = _philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64)
     offset = _philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63)
     cfg_scale, temperature, top_k, rule_code, entropy_coef, tvd_threshold, coupling_code = scalars
+    chosen = select_backend(backend, device)
+    compiling = torch.compiler.is_compiling()
+    if compiling or chosen != "triton":  # the eager Triton launch passes int seeds / offsets as kernel arguments
+        seed, offset = _word_tensor(seed, device), _word_tensor(offset, device)
     args = (target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule_code,
             entropy_coef, tvd_threshold, start, coupling_code, positions, seed, offset, return_probs, top_p, min_p,
             target_is_probs)
-    chosen = select_backend(backend, device)
-    if torch.compiler.is_compiling():
+    if compiling:
         outputs = _verify_op(*args, chosen)  # the registered op: traced through its fake implementation
     else:  # eager: the same implementation without the dispatcher's per-call cost
         outputs = _eager(chosen, args)

@@ -26,7 +26,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -133,8 +133,8 @@ def verify_triton(
     start: torch.Tensor,
     coupling: int,
     positions: torch.Tensor,
-    seed: torch.Tensor,
-    offset: torch.Tensor,
+    seed: Union[int, torch.Tensor],
+    offset: Union[int, torch.Tensor],
     return_probs: bool,
     top_p: float = 1.0,
     min_p: float = 0.0,
@@ -145,6 +145,7 @@ def verify_triton(
 
     Returns (accept_len int32 [B], tokens int64 [B, L], probs float32 [B, L, V] or an empty (0,) tensor,
     entropy, tvd, accept_prob, distortion float32 [B, L], status int32 [B]).
+    ``seed`` / ``offset``: int64 tensors of 1 or B elements, or a signed int64 word passed as a kernel argument.
     ``packed_outputs``: the four [B, L] statistics are views of one allocation and accept_len / status of another
     (fewer allocations per eager call); the registered op keeps them separate (its outputs may not alias).
     """
@@ -159,12 +160,12 @@ def verify_triton(
     else:
         greedy = temperature == 0
         has_q = draft_probs is not None
-        seed, offset, start, positions = (t if t.dim() == 1 else t.reshape(-1)  # ops.verify gives [B] or [1]
-                                          for t in (seed, offset, start, positions))
-        per_row_seed = seed.numel() != 1
+        seed, offset, start, positions = _flat(seed), _flat(offset), _flat(start), _flat(positions)
+        seed_value, offset_value = not isinstance(seed, torch.Tensor), not isinstance(offset, torch.Tensor)
+        per_row_seed = not seed_value and seed.numel() != 1
         # tuples, named (_FLAG_NAMES, _NUCLEUS_NAMES) only when a key's launches are first prepared
         flags = (uncond_logits is not None, has_q, greedy, int(rule) == 1, int(coupling), bool(return_probs),
-                 per_row_seed)
+                 per_row_seed, seed_value, offset_value)
         # top-k, top-p, min-p and target probabilities take the per-position paths
         nucleus = ((not greedy) and top_p < 1.0, (not greedy) and min_p > 0.0, bool(target_is_probs))
         whole_row = ((not greedy) and 0 < top_k < V) or True in nucleus
@@ -176,7 +177,7 @@ def verify_triton(
             draft_probs if has_q else out["ent"], draft_tokens, start, positions, seed, offset,
             q_strides=tuple(draft_probs.stride()) if has_q else (0, 0, 0),
             seed_stride=seed.stride(0) if per_row_seed else 0,
-            offset_stride=offset.stride(0) if offset.numel() != 1 else 0,
+            offset_stride=offset.stride(0) if not offset_value and offset.numel() != 1 else 0,
             scalars=(float(cfg_scale), _fp32(1.0 / temperature) if not greedy else 1.0),  # 1/T rounded once, as ref
             flag_values=flags,
         )
@@ -189,6 +190,11 @@ def verify_triton(
                                      (_fp32(top_p), log_min_p), dict(zip(_NUCLEUS_NAMES, nucleus)))
     o = out
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
+
+
+def _flat(t):
+    """A 1-D view of an index / word tensor (ops.verify gives [B] or [1]; the registered op may get [] too)."""
+    return t if not isinstance(t, torch.Tensor) or t.dim() == 1 else t.reshape(-1)
 
 
 def _allocate_outputs(B: int, L: int, V: int, device: torch.device, return_probs: bool, packed: bool) -> dict:
@@ -206,7 +212,8 @@ def _allocate_outputs(B: int, L: int, V: int, device: torch.device, return_probs
     return out
 
 
-_FLAG_NAMES = ("HAS_UNCOND", "HAS_Q", "GREEDY", "CSD_RULE", "COUPLING", "RETURN_PROBS", "PER_ROW_SEED")
+_FLAG_NAMES = ("HAS_UNCOND", "HAS_Q", "GREEDY", "CSD_RULE", "COUPLING", "RETURN_PROBS", "PER_ROW_SEED", "SEED_VALUE",
+               "OFFSET_VALUE")
 _NUCLEUS_NAMES = ("TOP_P", "MIN_P", "PROBS")
 
 
@@ -217,13 +224,20 @@ def _launch_key(logits, uncond, q, drafts, start, positions, seed, offset, top_k
     Every other integer argument and every workspace pointer derives from these (ops.verify fixed the shapes of the
     other inputs against target_logits, and start / positions / seed / offset are int64). A new integer or constexpr
     kernel argument must be added here."""
-    aligned = (logits.data_ptr() & 15, drafts.data_ptr() & 15, start.data_ptr() & 15, positions.data_ptr() & 15,
-               seed.data_ptr() & 15, offset.data_ptr() & 15)
+    aligned = (logits.data_ptr() & 15, drafts.data_ptr() & 15, start.data_ptr() & 15, positions.data_ptr() & 15)
     return (logits.device, logits.dtype, logits.shape, logits.stride(),
             None if uncond is None else (uncond.dtype, uncond.stride(), uncond.data_ptr() & 15),
             None if q is None else (q.stride(), q.data_ptr() & 15),
-            drafts.dtype, drafts.stride(), start.stride(), positions.stride(), seed.stride(), offset.stride(),
+            drafts.dtype, drafts.stride(), start.stride(), positions.stride(), _word_key(seed), _word_key(offset),
             aligned, top_k, flags, nucleus)
+
+
+def _word_key(word) -> tuple:
+    """A seed / offset's share of the launch key: a tensor's stride and alignment, or an int's Triton type (i32 when
+    it fits, else i64; its value is never specialized on, see common.py)."""
+    if isinstance(word, torch.Tensor):
+        return word.stride(), word.data_ptr() & 15
+    return (-(1 << 31) <= word < (1 << 31),)
 
 
 @dataclass
@@ -354,7 +368,8 @@ def _split_constants(work: _Workspace, a: _Args) -> dict:
                  a.positions.stride(0)),
         stats_constexprs=dict(HAS_UNCOND=flags["HAS_UNCOND"], GREEDY=flags["GREEDY"],
                               GUMBEL=flags["COUPLING"] == 2 and not flags["GREEDY"],
-                              PER_ROW_SEED=flags["PER_ROW_SEED"], BLOCK_V=chosen.block),
+                              PER_ROW_SEED=flags["PER_ROW_SEED"], BLOCK_V=chosen.block,
+                              SEED_VALUE=flags["SEED_VALUE"]),
         finish_constexprs=dict(**flags, BLOCK_V=chosen.block, S_BLOCK=max(2, _pow2(n_split)),
                                BLOCK_L=max(16, _pow2(L))),
     )
