@@ -187,7 +187,7 @@ def _check_logits(name: str, tensor, shape=None, dtypes=_FLOAT_DTYPES) -> torch.
         raise ValueError(f"{name} must be a tensor, got {type(tensor).__name__}")
     if tensor.dim() != 3:
         raise ValueError(f"{name} must have shape [B, L, V], got {tuple(tensor.shape)}")
-    if shape is not None and tuple(tensor.shape) != shape:
+    if shape is not None and tensor.shape != shape:  # torch.Size compares equal to the tuple
         raise ValueError(f"{name} must have the shape of target_logits {shape}, got {tuple(tensor.shape)}")
     if tensor.dtype not in dtypes:
         raise ValueError(f"{name} must be {', '.join(str(d).split('.')[-1] for d in dtypes)}, got {tensor.dtype}")
@@ -366,7 +366,7 @@ def _check_tensors(target_logits, draft_tokens, draft_probs, uncond_logits, targ
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype not in _INT_DTYPES:
         got = getattr(draft_tokens, "dtype", type(draft_tokens).__name__)
         raise ValueError(f"draft_tokens must be an integer tensor, got {got}")
-    if tuple(draft_tokens.shape) != (batch, length):
+    if draft_tokens.shape != (batch, length):
         raise ValueError(f"draft_tokens must have shape [B, L] = {(batch, length)}, got {tuple(draft_tokens.shape)}")
     _check_device("draft_tokens", draft_tokens, device)
     if draft_tokens.dtype != torch.int64:  # every backend reads int64 (int32 ids from other decoders are common)
@@ -378,7 +378,7 @@ def _check_tensors(target_logits, draft_tokens, draft_probs, uncond_logits, targ
         if not isinstance(draft_probs, torch.Tensor) or draft_probs.dtype != torch.float32:
             got = getattr(draft_probs, "dtype", type(draft_probs).__name__)
             raise ValueError(f"draft_probs must be a float32 tensor, got {got}")
-        if tuple(draft_probs.shape) != (batch, length, vocab):
+        if draft_probs.shape != (batch, length, vocab):
             raise ValueError(f"draft_probs must have shape [B, L, V] = {(batch, length, vocab)}, got "
                              f"{tuple(draft_probs.shape)}")
         _check_device("draft_probs", draft_probs, device)

@@ -187,7 +187,7 @@ def verify_triton(
             else:
                 log_min_p = _fp32(math.log(min_p)) if min_p > 0 else float("-inf")  # ln rounded once, as the reference
                 _launch_per_position(work, args, out, int(top_k), float(entropy_coef), float(tvd_threshold),
-                                     (_fp32(top_p), log_min_p), dict(zip(_NUCLEUS_NAMES, nucleus)))
+                                     (_fp32(top_p), log_min_p), nucleus)
     o = out
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
 
@@ -198,14 +198,14 @@ def _flat(t):
 
 
 def _allocate_outputs(B: int, L: int, V: int, device: torch.device, return_probs: bool, packed: bool) -> dict:
-    f32 = dict(dtype=torch.float32, device=device)
-    i32 = dict(dtype=torch.int32, device=device)
-    out = dict(probs=torch.empty((B, L, V) if return_probs else (0,), **f32),
+    f32, i32 = torch.float32, torch.int32
+    out = dict(probs=torch.empty((B, L, V) if return_probs else (0,), dtype=f32, device=device),
                tokens=torch.empty((B, L), dtype=torch.int64, device=device))
     if packed:
-        out["ent"], out["tvd"], out["acc"], out["dist"] = torch.empty((4, B, L), **f32).unbind(0)
-        out["accept_len"], out["status"] = torch.empty((2, B), **i32).unbind(0)
+        out["ent"], out["tvd"], out["acc"], out["dist"] = torch.empty((4, B, L), dtype=f32, device=device).unbind(0)
+        out["accept_len"], out["status"] = torch.empty((2, B), dtype=i32, device=device).unbind(0)
     else:  # a custom op's outputs may not alias one another
+        f32, i32 = dict(dtype=f32, device=device), dict(dtype=i32, device=device)
         out.update(ent=torch.empty((B, L), **f32), tvd=torch.empty((B, L), **f32), acc=torch.empty((B, L), **f32),
                    dist=torch.empty((B, L), **f32), accept_len=torch.empty((B,), **i32),
                    status=torch.empty((B,), **i32))
@@ -330,7 +330,7 @@ def _outputs(out: dict, scratch: tuple) -> tuple:
 
 
 def _launch_per_position(work: _Workspace, a: _Args, out, top_k, entropy_coef, tvd_threshold,
-                         nucleus_scalars=(1.0, float("-inf")), nucleus_flags=None):
+                         nucleus_scalars=(1.0, float("-inf")), nucleus_flags=(False, False, False)):
     B, L, V = a.logits.shape
     c = work.consts
     if c is None:
@@ -339,7 +339,7 @@ def _launch_per_position(work: _Workspace, a: _Args, out, top_k, entropy_coef, t
             kernel=register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel,
             scratch=tuple(work.scratch.unbind(0)), num_warps=chosen.num_warps,
             constexprs=dict(TOP_K=(not a.flags["GREEDY"]) and 0 < top_k < V, BLOCK_V=chosen.block, **a.flags,
-                            **(nucleus_flags or {})),
+                            **dict(zip(_NUCLEUS_NAMES, nucleus_flags))),
             finalize_constexprs=dict(BLOCK_L=max(16, _pow2(L))),
             drafts_strides=(a.drafts.stride(0), a.drafts.stride(1)),
         )
