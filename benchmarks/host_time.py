@@ -9,7 +9,9 @@ synchronisation inside the timed loop (the launches queue; host time only).
 
 Reports the median and the 10th percentile over ``--calls`` calls (after warm-up) per case, in µs, as JSON lines and
 a table (on a loaded machine the 10th percentile is the steadier figure).
-Usage: python benchmarks/host_time.py [--cuda] [--calls 1000] [--out DIR]
+``--compare DIR``: the same benchmark alternately in this tree and in another checkout DIR (``--rounds`` processes
+each, interleaved, so that both see the same load), then the median over the rounds of each round's median and p10.
+Usage: python benchmarks/host_time.py [--cuda] [--calls 1000] [--out DIR] [--compare DIR [--rounds 4]]
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -115,12 +118,36 @@ def _time_case(ck, device, batch, length, vocab, options, calls):
     return statistics.median(times) / 1e3, times[len(times) // 10] / 1e3
 
 
+def _compare(other: Path, rounds: int, calls: int, cuda: bool) -> int:
+    """Interleaved runs of this script in ``other`` (before) and in this tree (after); prints one table."""
+    trees = {"before": other.resolve(), "after": Path(__file__).resolve().parent.parent}
+    rows: dict = {name: {} for name in trees}
+    for round_ in range(rounds):
+        for name in (("before", "after") if round_ % 2 == 0 else ("after", "before")):
+            command = [sys.executable, "benchmarks/host_time.py", "--calls", str(calls)] + (["--cuda"] if cuda else [])
+            env = {**os.environ, "PYTHONPATH": str(trees[name])}
+            out = subprocess.run(command, cwd=trees[name], env=env, capture_output=True, text=True, check=True).stdout
+            for row in (json.loads(line) for line in out.splitlines() if line.startswith("{")):
+                rows[name].setdefault(row["case"], []).append((row["median_us"], row["p10_us"]))
+    print(f"{'case':<12} {'before: median':>15} {'p10':>6} {'after: median':>14} {'p10':>6}   (µs; median of {rounds} "
+          f"interleaved runs of {calls} calls)")
+    for case, before in rows["before"].items():
+        after = rows["after"][case]
+        cells = [round(statistics.median(r[i] for r in runs), 1) for runs in (before, after) for i in (0, 1)]
+        print(f"{case:<12} {cells[0]:>15} {cells[1]:>6} {cells[2]:>14} {cells[3]:>6}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cuda", action="store_true", help="real launches on a GPU instead of the stub driver")
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--compare", type=Path, default=None, help="another checkout to run interleaved (before)")
+    parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args(argv)
+    if args.compare:
+        return _compare(args.compare, args.rounds, args.calls, args.cuda)
     if not args.cuda:
         os.environ["TRITON_INTERPRET"] = "0"
         stub = _install_stub_driver()

@@ -97,6 +97,11 @@ def select_backend(requested: Optional[str], device: torch.device) -> str:
         requested, source = os.environ[ENV_BACKEND], ENV_BACKEND
     if requested is None:
         return _first_available(device.type, device.index)
+    return _checked(requested, source, device)
+
+
+@functools.lru_cache(maxsize=None)  # success only (a refusal raises, so it is asked again): asked on every call
+def _checked(requested: str, source: str, device: torch.device) -> str:
     if requested not in BACKENDS:
         raise ValueError(f"{source}={requested!r} is not one of {BACKENDS}")
     ok, reason = backend_status(requested, device)

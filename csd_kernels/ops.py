@@ -46,9 +46,13 @@ def _torch_backend(logits, draft_tokens, draft_probs, uncond, cfg_scale, tempera
 
 
 def _triton_backend(*args, packed_outputs=False):
-    from .triton_verify import verify_triton
+    global _verify_triton
+    if _verify_triton is None:  # imported on first use (triton is optional), then kept: an import costs every call
+        from .triton_verify import verify_triton as _verify_triton
+    return _verify_triton(*args, packed_outputs=packed_outputs)
 
-    return verify_triton(*args, packed_outputs=packed_outputs)
+
+_verify_triton = None
 
 
 def _compiled_backend(*args):
@@ -153,16 +157,15 @@ def _zeros(batch: int, device: torch.device) -> torch.Tensor:
 
 
 def _philox_word(name: str, value: SeedLike, device: torch.device, *, allow_per_row: int = 0,
-                 limit: int) -> torch.Tensor:
-    """int64 tensor [1] (or [allow_per_row]) holding the bit pattern of a non-negative integer below ``limit``."""
+                 limit: int) -> Union[int, torch.Tensor]:
+    """The int64 bit pattern of a non-negative integer below ``limit``: a signed int for an int (see
+    :func:`_word_tensor`), an int64 tensor [1] (or [allow_per_row]) for a tensor."""
     if isinstance(value, bool) or not isinstance(value, (int, torch.Tensor)):
         raise ValueError(f"{name} must be an int or an int64 tensor, got {type(value).__name__}")
     if isinstance(value, int):
         if not 0 <= value < limit:
             raise ValueError(f"{name} must lie in [0, {limit}), got {value}")
-        signed = value - (1 << 64) if value >= (1 << 63) else value
-        # A fill kernel, not a host-to-device copy: no sync, and capturable in a CUDA graph (the int is baked in).
-        return torch.full((1,), signed, dtype=torch.int64, device=device)
+        return value - (1 << 64) if value >= (1 << 63) else value
     sizes = (1, allow_per_row) if allow_per_row else (1,)
     if value.dtype != torch.int64 or value.numel() not in sizes or value.dim() > 1:
         raise ValueError(f"{name} must be an int64 tensor with {' or '.join(map(str, sizes))} element(s), got "
@@ -170,12 +173,21 @@ def _philox_word(name: str, value: SeedLike, device: torch.device, *, allow_per_
     return value.reshape(-1).to(device)
 
 
+def _word_tensor(word: Union[int, torch.Tensor], device: torch.device) -> torch.Tensor:
+    """A seed / offset word as the int64 tensor every backend but the eager Triton launch reads (that one takes the
+    int as a kernel argument: no fill kernel)."""
+    if isinstance(word, torch.Tensor):
+        return word
+    # A fill kernel, not a host-to-device copy: no sync, and capturable in a CUDA graph (the int is baked in).
+    return torch.full((1,), word, dtype=torch.int64, device=device)
+
+
 def _check_logits(name: str, tensor, shape=None, dtypes=_FLOAT_DTYPES) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{name} must be a tensor, got {type(tensor).__name__}")
     if tensor.dim() != 3:
         raise ValueError(f"{name} must have shape [B, L, V], got {tuple(tensor.shape)}")
-    if shape is not None and tuple(tensor.shape) != shape:
+    if shape is not None and tensor.shape != shape:  # torch.Size compares equal to the tuple
         raise ValueError(f"{name} must have the shape of target_logits {shape}, got {tuple(tensor.shape)}")
     if tensor.dtype not in dtypes:
         raise ValueError(f"{name} must be {', '.join(str(d).split('.')[-1] for d in dtypes)}, got {tensor.dtype}")
@@ -277,22 +289,30 @@ def verify(
     seed = _philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64)
     offset = _philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63)
     cfg_scale, temperature, top_k, rule_code, entropy_coef, tvd_threshold, coupling_code = scalars
+    chosen = select_backend(backend, device)
+    compiling = torch.compiler.is_compiling()
+    if compiling or chosen != "triton":  # the eager Triton launch passes int seeds / offsets as kernel arguments
+        seed, offset = _word_tensor(seed, device), _word_tensor(offset, device)
     args = (target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule_code,
             entropy_coef, tvd_threshold, start, coupling_code, positions, seed, offset, return_probs, top_p, min_p,
             target_is_probs)
-    chosen = select_backend(backend, device)
-    if torch.compiler.is_compiling():
+    if compiling:
         outputs = _verify_op(*args, chosen)  # the registered op: traced through its fake implementation
-    else:
-        with torch.no_grad():  # eager: the same implementation without the dispatcher's per-call cost
-            outputs = _triton_backend(*args, packed_outputs=True) if chosen == "triton" else \
-                _BACKEND_FUNCTIONS[chosen](*args)  # eager outputs may share storage (fewer allocations)
+    else:  # eager: the same implementation without the dispatcher's per-call cost
+        outputs = _eager(chosen, args)
     result = VerifyResult(*outputs)
     if not return_probs:
         result.probs = None
     if validate:
         _validate(result, start, batch, length, target_is_probs)
     return result
+
+
+def _eager(chosen: str, args: tuple) -> tuple:
+    if chosen == "triton":  # kernels write fresh outputs through pointers: no autograd graph, so no no_grad cost
+        return _triton_backend(*args, packed_outputs=True)  # eager outputs may share storage (fewer allocations)
+    with torch.no_grad():
+        return _BACKEND_FUNCTIONS[chosen](*args)
 
 
 def _one_target(target_logits, target_probs, uncond_logits, cfg_scale, temperature, top_k, top_p, min_p):
@@ -323,6 +343,8 @@ def _check_nucleus(top_p, min_p) -> tuple[float, float]:
 
 def _renamed(deprecated: dict, rule: str, coupling: str) -> tuple[str, str]:
     """(rule, coupling), taking the deprecated ``mode=`` / ``next_drafts=`` spellings with a warning."""
+    if not deprecated:
+        return rule, coupling
     import warnings
 
     for old, new in (("mode", "rule"), ("next_drafts", "coupling")):
@@ -344,7 +366,7 @@ def _check_tensors(target_logits, draft_tokens, draft_probs, uncond_logits, targ
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype not in _INT_DTYPES:
         got = getattr(draft_tokens, "dtype", type(draft_tokens).__name__)
         raise ValueError(f"draft_tokens must be an integer tensor, got {got}")
-    if tuple(draft_tokens.shape) != (batch, length):
+    if draft_tokens.shape != (batch, length):
         raise ValueError(f"draft_tokens must have shape [B, L] = {(batch, length)}, got {tuple(draft_tokens.shape)}")
     _check_device("draft_tokens", draft_tokens, device)
     if draft_tokens.dtype != torch.int64:  # every backend reads int64 (int32 ids from other decoders are common)
@@ -356,7 +378,7 @@ def _check_tensors(target_logits, draft_tokens, draft_probs, uncond_logits, targ
         if not isinstance(draft_probs, torch.Tensor) or draft_probs.dtype != torch.float32:
             got = getattr(draft_probs, "dtype", type(draft_probs).__name__)
             raise ValueError(f"draft_probs must be a float32 tensor, got {got}")
-        if tuple(draft_probs.shape) != (batch, length, vocab):
+        if draft_probs.shape != (batch, length, vocab):
             raise ValueError(f"draft_probs must have shape [B, L, V] = {(batch, length, vocab)}, got "
                              f"{tuple(draft_probs.shape)}")
         _check_device("draft_probs", draft_probs, device)

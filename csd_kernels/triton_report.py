@@ -37,6 +37,7 @@ class Variant:
     logits_dtype: str = "bfloat16"
     top_p: bool = False  # top-p and min-p (the per-position paths)
     target_probs: bool = False  # probabilities instead of logits (float32, no CFG)
+    int_words: bool = False  # seed and offset as int64 kernel arguments (an eager call's ints), not pointers
 
     @property
     def label(self) -> str:
@@ -46,6 +47,7 @@ class Variant:
                  "probs" if self.return_probs else "noprobs"]
         parts += ["top-p/min-p"] if self.top_p else []
         parts += ["target-probs"] if self.target_probs else []
+        parts += ["int seed"] if self.int_words else []
         return " ".join(parts)
 
 
@@ -88,6 +90,8 @@ def _signature(kernel, variant: Variant, constexprs: dict) -> dict:
     for name in kernel.arg_names:
         if name in ("logits_ptr", "uncond_ptr"):
             signature[name] = logits
+        elif name in ("seed_ptr", "offset_ptr") and variant.int_words:
+            signature[name] = "i64"
         elif name in _POINTERS:
             signature[name] = _POINTERS[name]
         elif name in _FLOATS:
@@ -140,14 +144,15 @@ def _kernels(variant: Variant):
                      or variant.target_probs)
     flags = {"HAS_UNCOND": variant.has_uncond, "HAS_Q": variant.has_q, "GREEDY": variant.greedy,
              "CSD_RULE": variant.csd_rule, "COUPLING": variant.coupling, "RETURN_PROBS": variant.return_probs,
-             "PER_ROW_SEED": False}
+             "PER_ROW_SEED": False, "SEED_VALUE": variant.int_words, "OFFSET_VALUE": variant.int_words}
     if chosen.path != "split":
         kernel = register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel
         return [(kernel, dict(flags, TOP_K=variant.top_k and not variant.greedy, BLOCK_V=chosen.block, TOP_P=nucleus,
                               MIN_P=nucleus, PROBS=variant.target_probs), chosen.num_warps)]
     n_split = -(-variant.vocab // chosen.block)
     stats = {"HAS_UNCOND": variant.has_uncond, "GREEDY": variant.greedy, "PER_ROW_SEED": False,
-             "GUMBEL": variant.coupling == 2 and not variant.greedy, "BLOCK_V": chosen.block}
+             "GUMBEL": variant.coupling == 2 and not variant.greedy, "BLOCK_V": chosen.block,
+             "SEED_VALUE": variant.int_words}
     finish = dict(flags, BLOCK_V=chosen.block, S_BLOCK=max(2, 1 << (n_split - 1).bit_length()), BLOCK_L=16)
     return [(split.split_stats_kernel, stats, chosen.num_warps), (split.split_finish_kernel, finish, chosen.num_warps)]
 
@@ -202,7 +207,9 @@ def quick_variants() -> list[Variant]:
             Variant(16384, 16, top_k=True, top_p=True, coupling=2),
             Variant(65536, 16, top_k=True, top_p=True, coupling=2, logits_dtype="float32"),
             Variant(16384, 16, has_uncond=False, target_probs=True, coupling=2, logits_dtype="float32"),
-            Variant(65536, 16, has_uncond=False, target_probs=True, coupling=1, logits_dtype="float32")]
+            Variant(65536, 16, has_uncond=False, target_probs=True, coupling=1, logits_dtype="float32"),
+            Variant(16384, 16, coupling=2, int_words=True), Variant(16384, 16, top_k=True, int_words=True),
+            Variant(65536, 16, top_k=True, int_words=True)]
 
 
 def main(argv=None) -> None:

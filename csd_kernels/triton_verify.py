@@ -26,7 +26,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -111,6 +111,7 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.lru_cache(maxsize=1024)  # asked every call with the same few temperatures / top_p / min_p
 def _fp32(value: float) -> float:
     try:
         return struct.unpack("f", struct.pack("f", value))[0]
@@ -132,8 +133,8 @@ def verify_triton(
     start: torch.Tensor,
     coupling: int,
     positions: torch.Tensor,
-    seed: torch.Tensor,
-    offset: torch.Tensor,
+    seed: Union[int, torch.Tensor],
+    offset: Union[int, torch.Tensor],
     return_probs: bool,
     top_p: float = 1.0,
     min_p: float = 0.0,
@@ -144,6 +145,7 @@ def verify_triton(
 
     Returns (accept_len int32 [B], tokens int64 [B, L], probs float32 [B, L, V] or an empty (0,) tensor,
     entropy, tvd, accept_prob, distortion float32 [B, L], status int32 [B]).
+    ``seed`` / ``offset``: int64 tensors of 1 or B elements, or a signed int64 word passed as a kernel argument.
     ``packed_outputs``: the four [B, L] statistics are views of one allocation and accept_len / status of another
     (fewer allocations per eager call); the registered op keeps them separate (its outputs may not alias).
     """
@@ -157,27 +159,27 @@ def verify_triton(
         out["status"].zero_()
     else:
         greedy = temperature == 0
-        # top-k, top-p, min-p and target probabilities take the per-position paths
-        nucleus = dict(TOP_P=(not greedy) and top_p < 1.0, MIN_P=(not greedy) and min_p > 0.0,
-                       PROBS=bool(target_is_probs))
-        whole_row = ((not greedy) and 0 < top_k < V) or any(nucleus.values())
         has_q = draft_probs is not None
-        seed, offset, start, positions = (t if t.dim() == 1 else t.reshape(-1)  # ops.verify gives [B] or [1]
-                                          for t in (seed, offset, start, positions))
-        flags = dict(HAS_UNCOND=uncond_logits is not None, HAS_Q=has_q, GREEDY=greedy,
-                     CSD_RULE=int(rule) == 1, COUPLING=int(coupling), RETURN_PROBS=bool(return_probs),
-                     PER_ROW_SEED=seed.numel() != 1)
+        seed, offset, start, positions = _flat(seed), _flat(offset), _flat(start), _flat(positions)
+        seed_value, offset_value = not isinstance(seed, torch.Tensor), not isinstance(offset, torch.Tensor)
+        per_row_seed = not seed_value and seed.numel() != 1
+        # tuples, named (_FLAG_NAMES, _NUCLEUS_NAMES) only when a key's launches are first prepared
+        flags = (uncond_logits is not None, has_q, greedy, int(rule) == 1, int(coupling), bool(return_probs),
+                 per_row_seed, seed_value, offset_value)
+        # top-k, top-p, min-p and target probabilities take the per-position paths
+        nucleus = ((not greedy) and top_p < 1.0, (not greedy) and min_p > 0.0, bool(target_is_probs))
+        whole_row = ((not greedy) and 0 < top_k < V) or True in nucleus
         key = _launch_key(target_logits, uncond_logits, draft_probs, draft_tokens, start, positions, seed, offset,
-                          int(top_k), (flags, nucleus))
+                          int(top_k), flags, nucleus)
         work = _workspace(key, B, L, V, whole_row, device)
         args = _Args(
             target_logits, uncond_logits if uncond_logits is not None else target_logits,
             draft_probs if has_q else out["ent"], draft_tokens, start, positions, seed, offset,
             q_strides=tuple(draft_probs.stride()) if has_q else (0, 0, 0),
-            seed_stride=seed.stride(0) if seed.numel() != 1 else 0,
-            offset_stride=offset.stride(0) if offset.numel() != 1 else 0,
+            seed_stride=seed.stride(0) if per_row_seed else 0,
+            offset_stride=offset.stride(0) if not offset_value and offset.numel() != 1 else 0,
             scalars=(float(cfg_scale), _fp32(1.0 / temperature) if not greedy else 1.0),  # 1/T rounded once, as ref
-            flags=flags,
+            flag_values=flags,
         )
         with device_guard(device):  # launch on the tensors' device, not the current one
             if work.plan.path == "split":
@@ -190,33 +192,52 @@ def verify_triton(
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
 
 
+def _flat(t):
+    """A 1-D view of an index / word tensor (ops.verify gives [B] or [1]; the registered op may get [] too)."""
+    return t if not isinstance(t, torch.Tensor) or t.dim() == 1 else t.reshape(-1)
+
+
 def _allocate_outputs(B: int, L: int, V: int, device: torch.device, return_probs: bool, packed: bool) -> dict:
-    f32 = dict(dtype=torch.float32, device=device)
-    i32 = dict(dtype=torch.int32, device=device)
-    out = dict(probs=torch.empty((B, L, V) if return_probs else (0,), **f32),
+    f32, i32 = torch.float32, torch.int32
+    out = dict(probs=torch.empty((B, L, V) if return_probs else (0,), dtype=f32, device=device),
                tokens=torch.empty((B, L), dtype=torch.int64, device=device))
     if packed:
-        out["ent"], out["tvd"], out["acc"], out["dist"] = torch.empty((4, B, L), **f32).unbind(0)
-        out["accept_len"], out["status"] = torch.empty((2, B), **i32).unbind(0)
+        out["ent"], out["tvd"], out["acc"], out["dist"] = torch.empty((4, B, L), dtype=f32, device=device).unbind(0)
+        out["accept_len"], out["status"] = torch.empty((2, B), dtype=i32, device=device).unbind(0)
     else:  # a custom op's outputs may not alias one another
+        f32, i32 = dict(dtype=f32, device=device), dict(dtype=i32, device=device)
         out.update(ent=torch.empty((B, L), **f32), tvd=torch.empty((B, L), **f32), acc=torch.empty((B, L), **f32),
                    dist=torch.empty((B, L), **f32), accept_len=torch.empty((B,), **i32),
                    status=torch.empty((B,), **i32))
     return out
 
 
-def _launch_key(logits, uncond, q, drafts, start, positions, seed, offset, top_k: int, flags: tuple) -> tuple:
+_FLAG_NAMES = ("HAS_UNCOND", "HAS_Q", "GREEDY", "CSD_RULE", "COUPLING", "RETURN_PROBS", "PER_ROW_SEED", "SEED_VALUE",
+               "OFFSET_VALUE")
+_NUCLEUS_NAMES = ("TOP_P", "MIN_P", "PROBS")
+
+
+def _launch_key(logits, uncond, q, drafts, start, positions, seed, offset, top_k: int, flags: tuple,
+                nucleus: tuple) -> tuple:
     """What the launches are specialized on (see triton_launch), cheaply: the device, the float inputs' dtypes, the
     strides of every input, the 16-byte alignment of every input pointer, the integer top_k and the constexpr flags.
     Every other integer argument and every workspace pointer derives from these (ops.verify fixed the shapes of the
     other inputs against target_logits, and start / positions / seed / offset are int64). A new integer or constexpr
     kernel argument must be added here."""
-    aligned = tuple(t.data_ptr() & 15 for t in (logits, drafts, start, positions, seed, offset))
+    aligned = (logits.data_ptr() & 15, drafts.data_ptr() & 15, start.data_ptr() & 15, positions.data_ptr() & 15)
     return (logits.device, logits.dtype, logits.shape, logits.stride(),
             None if uncond is None else (uncond.dtype, uncond.stride(), uncond.data_ptr() & 15),
             None if q is None else (q.stride(), q.data_ptr() & 15),
-            drafts.dtype, drafts.stride(), start.stride(), positions.stride(), seed.stride(), offset.stride(),
-            aligned, top_k, tuple(tuple(f.values()) for f in flags))
+            drafts.dtype, drafts.stride(), start.stride(), positions.stride(), _word_key(seed), _word_key(offset),
+            aligned, top_k, flags, nucleus)
+
+
+def _word_key(word) -> tuple:
+    """A seed / offset's share of the launch key: a tensor's stride and alignment, or an int's Triton type (i32 when
+    it fits, else i64; its value is never specialized on, see common.py)."""
+    if isinstance(word, torch.Tensor):
+        return word.stride(), word.data_ptr() & 15
+    return (-(1 << 31) <= word < (1 << 31),)
 
 
 @dataclass
@@ -281,7 +302,11 @@ class _Args:
     seed_stride: int
     offset_stride: int
     scalars: tuple  # cfg_scale, 1/T
-    flags: dict  # the constexpr switches both paths share
+    flag_values: tuple  # the constexpr switches both paths share, in _FLAG_NAMES order
+
+    @property
+    def flags(self) -> dict:
+        return dict(zip(_FLAG_NAMES, self.flag_values))
 
     def inputs(self, work: _Workspace) -> list:
         """The leading kernel arguments both paths share, in kernel order: the key's strides, this call's tensors."""
@@ -305,7 +330,7 @@ def _outputs(out: dict, scratch: tuple) -> tuple:
 
 
 def _launch_per_position(work: _Workspace, a: _Args, out, top_k, entropy_coef, tvd_threshold,
-                         nucleus_scalars=(1.0, float("-inf")), nucleus_flags=None):
+                         nucleus_scalars=(1.0, float("-inf")), nucleus_flags=(False, False, False)):
     B, L, V = a.logits.shape
     c = work.consts
     if c is None:
@@ -314,7 +339,7 @@ def _launch_per_position(work: _Workspace, a: _Args, out, top_k, entropy_coef, t
             kernel=register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel,
             scratch=tuple(work.scratch.unbind(0)), num_warps=chosen.num_warps,
             constexprs=dict(TOP_K=(not a.flags["GREEDY"]) and 0 < top_k < V, BLOCK_V=chosen.block, **a.flags,
-                            **(nucleus_flags or {})),
+                            **dict(zip(_NUCLEUS_NAMES, nucleus_flags))),
             finalize_constexprs=dict(BLOCK_L=max(16, _pow2(L))),
             drafts_strides=(a.drafts.stride(0), a.drafts.stride(1)),
         )
@@ -343,7 +368,8 @@ def _split_constants(work: _Workspace, a: _Args) -> dict:
                  a.positions.stride(0)),
         stats_constexprs=dict(HAS_UNCOND=flags["HAS_UNCOND"], GREEDY=flags["GREEDY"],
                               GUMBEL=flags["COUPLING"] == 2 and not flags["GREEDY"],
-                              PER_ROW_SEED=flags["PER_ROW_SEED"], BLOCK_V=chosen.block),
+                              PER_ROW_SEED=flags["PER_ROW_SEED"], BLOCK_V=chosen.block,
+                              SEED_VALUE=flags["SEED_VALUE"]),
         finish_constexprs=dict(**flags, BLOCK_V=chosen.block, S_BLOCK=max(2, _pow2(n_split)),
                                BLOCK_L=max(16, _pow2(L))),
     )

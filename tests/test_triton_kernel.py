@@ -138,13 +138,14 @@ def forced_plan(path, V):
 
 
 def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, rule=1, entropy_coef=0.4, tvd_threshold=0.65,
-             coupling=0, return_probs=True, path=None):
-    """(verify_triton's result, reference.verify's result) as VerifyResults."""
+             coupling=0, return_probs=True, path=None, words=None):
+    """(verify_triton's result, reference.verify's result) as VerifyResults. ``words``: (seed, offset) as ints for
+    verify_triton in place of the case's tensors (what an eager call with ints hands it)."""
     dev = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
     args = (
         dev["target_logits"], dev["draft_tokens"], dev["draft_probs"], dev["uncond_logits"], cfg_scale, temperature,
-        top_k, rule, entropy_coef, tvd_threshold, dev["start"], coupling, dev["positions"], dev["seed"],
-        dev["offset"], return_probs,
+        top_k, rule, entropy_coef, tvd_threshold, dev["start"], coupling, dev["positions"],
+        *(words or (dev["seed"], dev["offset"])), return_probs,
     )
     if path is None:
         got = tv.verify_triton(*args)
@@ -160,6 +161,19 @@ def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, rule=1, entropy_c
         entropy_coef=entropy_coef, tvd_threshold=tvd_threshold, coupling=ref.COUPLINGS[coupling],
         return_probs=return_probs)
     return got, expected
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("seed, offset", [(5, 3), (2**64 - 2**40 - 7, 2**40 + 5)])  # int32-sized, int64 words
+def test_int_seed_and_offset_words_match_reference(path, seed, offset):
+    """Int seeds / offsets reach the kernels as arguments (SEED_VALUE / OFFSET_VALUE), not tensors: the same streams,
+    also for a seed >= 2^63 (a negative int64 word) and an offset past int32."""
+    case = make_case(2, 4, 300, q="dense", gen_seed=5)
+    word = seed - 2**64 if seed >= 2**63 else seed  # the bit pattern ops.verify hands the launch
+    case["seed"], case["offset"] = torch.tensor([word]), torch.tensor([offset])  # for the reference
+    for coupling in (0, 2):  # gumbel reads the seed in the split path's first kernel too
+        got, expected = run_both(case, coupling=coupling, path=path, words=(word, offset))
+        check(got, expected, 300)
 
 
 def check(got, expected, V, return_probs=True):

@@ -73,6 +73,42 @@ def test_direct_launch_passes_what_tritons_binder_passes():
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
+WORDS_SCRIPT = SCRIPT.split("def describe")[0] + r"""
+signatures = []
+_compile = jit.JITFunction._do_compile
+def recording(self, key, signature, *args, **kwargs):
+    signatures.append(signature)
+    return _compile(self, key, signature, *args, **kwargs)
+jit.JITFunction._do_compile = recording
+g = torch.Generator().manual_seed(0)
+for kwargs in [dict(rule="csd"), dict(top_k=5, coupling="gumbel")]:
+    logits, drafts = torch.randn(2, 4, 300, generator=g), torch.randint(0, 300, (2, 4), generator=g)
+    runs = []
+    for seed, offset in [(1, 1), (16, 2), (7, 3), (2**40, 2**40), (2**64 - 1, 5)]:
+        binder_runs.clear()
+        stub.record = []
+        ck.verify(logits, drafts, None, seed=seed, offset=offset, backend="triton", validate=False, **kwargs)
+        runs.append(len(binder_runs))
+        ints = [a for args in stub.record for a in args[9:] if type(a) is int]  # the launches' integer arguments
+        assert seed - 2**64 * (seed >= 2**63) in ints and offset in ints, (seed, offset, ints)
+    # 1 and 16 are not specialized on; a value past int32 is typed i64: its own kernel
+    assert runs[1:3] == [0, 0] and runs[3] > 0 and runs[4] == 0, runs
+    for signature in signatures:
+        for name in ("seed_ptr", "offset_ptr"):
+            assert signature.get(name, "i64") in ("i32", "i64"), signature
+print("ok")
+"""
+
+
+def test_int_seed_and_offset_are_kernel_arguments_never_specialized_on():
+    """An eager call's int seed / offset reach the kernels as arguments (no fill kernels): the direct launch may
+    reuse a kernel compiled for another value only if Triton specialized on neither value (1 would become a constant,
+    a multiple of 16 a hint) and the value's type (i32 or i64) is in the launch key."""
+    result = subprocess.run([sys.executable, "-c", WORDS_SCRIPT], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
 def test_a_replaced_plan_gets_its_own_workspace(monkeypatch):
     """The workspace cache is keyed by the plan too: forcing a path (as tests/test_triton_kernel.py does) after a call
     of the same shape must run that path, not the cached one."""

@@ -272,7 +272,7 @@ def _draw_sweep(c_row, u_row, q_row, s_qv, x, bad_q, use_r, target_w, target_p, 
     return dist, tl.where(first_w < V, first_w, last_w), tl.where(first_p < V, first_p, last_p)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_ptr", "offset_ptr"])  # int seeds: one kernel for all
 def position_chunked_kernel(
     logits_ptr, s_cb, s_cl,
     uncond_ptr, s_ub, s_ul,
@@ -287,6 +287,7 @@ def position_chunked_kernel(
     CSD_RULE: tl.constexpr, COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr,
     TOP_P: tl.constexpr = False, MIN_P: tl.constexpr = False, PROBS: tl.constexpr = False,
+    SEED_VALUE: tl.constexpr = False, OFFSET_VALUE: tl.constexpr = False,
 ):
     """Grid (B·L,): one program per (row, window position), the row in BLOCK_V chunks. Parameters: common.py."""
     pid = tl.program_id(0).to(tl.int64)
@@ -297,7 +298,8 @@ def position_chunked_kernel(
     q_row = q_ptr + b * s_qb + i * s_ql
     x, bad_tok, has_draft, committed = window_draft(draft_ptr, s_db, s_dl, start_ptr, s_start, b, i, V)
     pos, row_id, k0, k1, u_acc, u_smp = position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
-                                                     offset_ptr + b * offset_stride, b, i, PER_ROW_SEED)
+                                                     offset_ptr + b * offset_stride, b, i, PER_ROW_SEED,
+                                                     SEED_VALUE, OFFSET_VALUE)
 
     thr = tl.full((), -2147483648, tl.int64)
     if TOP_K:  # the launcher sets TOP_K only with T > 0

@@ -9,13 +9,16 @@ Kernel parameters, named alike in every path:
 * ``logits_ptr`` / ``uncond_ptr`` / ``q_ptr`` / ``draft_ptr``: target logits, unconditional logits, draft
   probabilities q, draft tokens; ``s_<t><d>`` is the stride of tensor t (c = logits, u = uncond, q, d = drafts) along
   dim d (b = row, l = window position, v = vocabulary). ``start_ptr``/``positions_ptr`` [B] with strides ``s_start``
-  /``s_pos``; ``seed_ptr``/``offset_ptr`` [1] or [B] with ``seed_stride``/``offset_stride`` (0 when shared).
+  /``s_pos``; ``seed_ptr``/``offset_ptr`` [1] or [B] with ``seed_stride``/``offset_stride`` (0 when shared), or
+  with ``SEED_VALUE``/``OFFSET_VALUE`` the int64 word itself (an eager call's int: no fill kernel; these two
+  parameters are never specialized on their value, so one compiled kernel serves every seed and offset).
 * outputs ``probs_ptr`` [B, L, V], ``ent_ptr``/``tvd_ptr``/``acc_ptr``/``dist_ptr`` [B, L]; per-position scratch
   ``res_ptr`` (resampled token), ``later_ptr`` (the draw for positions after accept_len), ``flags_ptr`` (status bits
   and F_STOP) [B, L] int32, read by the row epilogue.
 * scalars ``L``, ``V``, ``cfg_scale``, ``inv_t`` (1/T rounded to fp32), ``top_k``, ``entropy_coef`` (λ),
   ``tvd_threshold`` (τ); constexpr switches ``HAS_UNCOND``, ``HAS_Q``, ``GREEDY`` (T = 0), ``TOP_K``, ``CSD_RULE``,
-  ``COUPLING`` (INDEPENDENT / MAXIMAL / GUMBEL), ``RETURN_PROBS``, ``PER_ROW_SEED``, ``BLOCK_V``.
+  ``COUPLING`` (INDEPENDENT / MAXIMAL / GUMBEL), ``RETURN_PROBS``, ``PER_ROW_SEED``, ``BLOCK_V``, ``SEED_VALUE``,
+  ``OFFSET_VALUE``.
 """
 
 import triton
@@ -66,9 +69,12 @@ def uniform(bits):
     return ((bits >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
 
 @triton.jit
-def row_key(seed_ptr, seed_stride, b, PER_ROW_SEED: tl.constexpr):
+def row_key(seed_ptr, seed_stride, b, PER_ROW_SEED: tl.constexpr, SEED_VALUE: tl.constexpr = False):
     """(k0, k1, row_id) as uint32 scalars for row b (see reference._seed_key)."""
-    s = tl.load(seed_ptr + b * seed_stride)
+    if SEED_VALUE:  # the seed's signed int64 bit pattern itself (an i32 when it fits: sign-extends to the same)
+        s = seed_ptr.to(tl.int64)
+    else:
+        s = tl.load(seed_ptr + b * seed_stride)
     k0 = (s & 0xFFFFFFFF).to(tl.uint32)
     k1 = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
     if PER_ROW_SEED:
@@ -78,20 +84,24 @@ def row_key(seed_ptr, seed_stride, b, PER_ROW_SEED: tl.constexpr):
     return k0, k1, row_id
 
 @triton.jit
-def step_uniforms(pos, row_id, offset_ptr, k0, k1):
+def step_uniforms(pos, row_id, offset_ptr, k0, k1, OFFSET_VALUE: tl.constexpr = False):
     """(u_accept, u_sample) of the step stream at absolute position ``pos`` (uint32 scalar)."""
-    off = tl.load(offset_ptr)
+    if OFFSET_VALUE:  # the offset itself, as for SEED_VALUE
+        off = offset_ptr.to(tl.int64)
+    else:
+        off = tl.load(offset_ptr)
     off_lo = (off & 0xFFFFFFFF).to(tl.uint32)
     off_hi = ((off >> 32) & 0xFFFFFFFF).to(tl.uint32)
     w0, w1, _w2, _w3 = philox(pos, row_id, off_lo, off_hi, k0, k1)
     return uniform(w0), uniform(w1)
 
 @triton.jit
-def position_rng(seed_ptr, seed_stride, positions_ptr, s_pos, offset_ptr, b, i, PER_ROW_SEED: tl.constexpr):
+def position_rng(seed_ptr, seed_stride, positions_ptr, s_pos, offset_ptr, b, i, PER_ROW_SEED: tl.constexpr,
+                 SEED_VALUE: tl.constexpr = False, OFFSET_VALUE: tl.constexpr = False):
     """Key, counter words and step uniforms of window position i of row b: (pos, row_id, k0, k1, u_acc, u_smp)."""
-    k0, k1, row_id = row_key(seed_ptr, seed_stride, b, PER_ROW_SEED)
+    k0, k1, row_id = row_key(seed_ptr, seed_stride, b, PER_ROW_SEED, SEED_VALUE)
     pos = ((tl.load(positions_ptr + b * s_pos).to(tl.int64) + i) & 0xFFFFFFFF).to(tl.uint32)
-    u_acc, u_smp = step_uniforms(pos, row_id, offset_ptr, k0, k1)
+    u_acc, u_smp = step_uniforms(pos, row_id, offset_ptr, k0, k1, OFFSET_VALUE)
     return pos, row_id, k0, k1, u_acc, u_smp
 
 @triton.jit

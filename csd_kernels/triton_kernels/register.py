@@ -45,7 +45,7 @@ def _top_k_threshold(z, mask, top_k):
     return key >= lo.to(tl.int32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_ptr", "offset_ptr"])  # int seeds: one kernel for all
 def position_kernel(
     logits_ptr, s_cb, s_cl,
     uncond_ptr, s_ub, s_ul,
@@ -60,6 +60,7 @@ def position_kernel(
     CSD_RULE: tl.constexpr, COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr,
     TOP_P: tl.constexpr = False, MIN_P: tl.constexpr = False, PROBS: tl.constexpr = False,
+    SEED_VALUE: tl.constexpr = False, OFFSET_VALUE: tl.constexpr = False,
 ):
     """Grid (B·L,): one program per (row, window position), BLOCK_V >= V. Parameters: see common.py."""
     pid = tl.program_id(0).to(tl.int64)
@@ -120,7 +121,8 @@ def position_kernel(
         dist = tl.sum(gated_distortion(p, q, entropy_coef * h, support), 0)
         dist = tl.where(has_draft & (tvd < tvd_threshold), dist, 0.0)
     pos, row_id, k0, k1, u_acc, u_smp = position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
-                                                     offset_ptr + b * offset_stride, b, i, PER_ROW_SEED)
+                                                     offset_ptr + b * offset_stride, b, i, PER_ROW_SEED,
+                                                     SEED_VALUE, OFFSET_VALUE)
     accepted = has_draft & (u_acc < a)
 
     # ---- resample from the residual max(p − q, 0) (p when it sums to 0 or there is no draft)

@@ -52,14 +52,14 @@ def _split_coords(L, V, BLOCK_V: tl.constexpr):
     return pid, position, n_split, s, position // L, position % L, offs, offs < V
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_ptr"])  # an int seed: one kernel for every value
 def split_stats_kernel(
     logits_ptr, s_cb, s_cl, uncond_ptr, s_ub, s_ul,
     positions_ptr, s_pos, seed_ptr, seed_stride,
     stats_ptr, index_ptr, position_count_ptr, row_count_ptr,
     L, V, cfg_scale, inv_t,
     HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, GUMBEL: tl.constexpr, PER_ROW_SEED: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    BLOCK_V: tl.constexpr, SEED_VALUE: tl.constexpr = False,
 ):
     """Grid (B·L·S,): the slice statistics. Parameters: common.py."""
     pid, position, n_split, s, b, i, offs, mask = _split_coords(L, V, BLOCK_V)
@@ -83,7 +83,7 @@ def split_stats_kernel(
         z_sum = tl.sum(e, 0)
         s1 = tl.sum(e * d, 0)
         if GUMBEL:
-            k0, k1, row_id = row_key(seed_ptr, seed_stride, b, PER_ROW_SEED)
+            k0, k1, row_id = row_key(seed_ptr, seed_stride, b, PER_ROW_SEED, SEED_VALUE)
             pos = ((tl.load(positions_ptr + b * s_pos).to(tl.int64) + i) & 0xFFFFFFFF).to(tl.uint32)
             score = z - tl.log(-tl.log(gumbel_uniforms(s * BLOCK_V, pos, row_id, k0, k1, BLOCK_V)))
             g_best = tl.max(score, 0)
@@ -202,7 +202,7 @@ def _slice_search(weight_totals_ptr, position, n_split, target_u, c_row, u_row, 
     return tl.where(first < V, first, last)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_ptr", "offset_ptr"])  # int seeds: one kernel for all
 def split_finish_kernel(
     logits_ptr, s_cb, s_cl,
     uncond_ptr, s_ub, s_ul,
@@ -218,6 +218,7 @@ def split_finish_kernel(
     HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr, CSD_RULE: tl.constexpr,
     COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr, PER_ROW_SEED: tl.constexpr,
     BLOCK_V: tl.constexpr, S_BLOCK: tl.constexpr, BLOCK_L: tl.constexpr,
+    SEED_VALUE: tl.constexpr = False, OFFSET_VALUE: tl.constexpr = False,
 ):
     """Grid (B·L·S,), after split_stats_kernel. Parameters: common.py, plus the workspaces of the module docstring."""
     pid, position, n_split, s, b, i, offs, mask = _split_coords(L, V, BLOCK_V)
@@ -279,7 +280,8 @@ def split_finish_kernel(
             dist = tl.where(has_draft & (tvd < tvd_threshold) & ~bad_q_row, gated, 0.0)
 
         _pos, _row_id, _k0, _k1, u_acc, u_smp = position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
-                                                             offset_ptr + b * offset_stride, b, i, PER_ROW_SEED)
+                                                             offset_ptr + b * offset_stride, b, i, PER_ROW_SEED,
+                                                             SEED_VALUE, OFFSET_VALUE)
         accepted = has_draft & (u_acc < a)
         use_r = has_draft & ~bad_q_row & (residual > 0)
         totals = sums_ptr + tl.where(use_r, 1, 2)
