@@ -34,7 +34,6 @@ from the checkpoint: nothing is left randomly initialised.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -44,7 +43,7 @@ from typing import Optional, Union
 import torch
 
 from .lumina_checkpoint import _GENERIC_FIELDS
-from .strict import MAX_LISTED, log_ignored, raise_problems
+from .strict import MAX_LISTED, indexed_shards, log_ignored, raise_problems, read_json
 
 __all__ = ["is_janus_original", "janus_original_config", "janus_tokenizer", "load_janus_pro"]
 
@@ -71,17 +70,11 @@ _SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read JSON ({exc})") from exc
-
 
 def is_janus_original(path: Union[str, os.PathLike]) -> bool:
     """True when ``path`` holds deepseek-ai's original release (config.json model_type "multi_modality")."""
     config = Path(path) / "config.json"
-    return config.is_file() and _read_json(config).get("model_type") == "multi_modality"
+    return config.is_file() and read_json(config).get("model_type") == "multi_modality"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -90,14 +83,7 @@ def is_janus_original(path: Union[str, os.PathLike]) -> bool:
 def _weight_files(path: Path) -> list:
     for index in _INDEXES:
         if (path / index).is_file():
-            weight_map = _read_json(path / index).get("weight_map")
-            if not isinstance(weight_map, dict) or not weight_map:
-                raise ValueError(f"{path / index}: no weight_map")
-            files = [path / f for f in sorted(set(weight_map.values()))]
-            missing = [f.name for f in files if not f.is_file()]
-            if missing:
-                raise ValueError(f"{path}: shards named in {index} are missing: {missing}")
-            return files
+            return indexed_shards(path, index)
     for single in _SINGLE_FILES:
         if (path / single).is_file():
             return [path / single]
@@ -329,7 +315,7 @@ def _token_ids(path: Path) -> dict:
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
         return {}
     tokenizer = janus_tokenizer(path)
-    processor = _read_json(path / "processor_config.json") if (path / "processor_config.json").is_file() else {}
+    processor = read_json(path / "processor_config.json") if (path / "processor_config.json").is_file() else {}
     vocab = tokenizer.get_vocab()
     pad = vocab.get(processor.get("pad_tag", "<｜▁pad▁｜>"), tokenizer.pad_token_id)
     ids = {"bos": tokenizer.bos_token_id, "pad": pad,
@@ -362,7 +348,7 @@ def load_janus_pro(path: Union[str, os.PathLike], *, dtype: Optional[torch.dtype
                          "hub id, download it first, e.g. huggingface_hub.snapshot_download(repo_id))")
     if not (path / "config.json").is_file():
         raise ValueError(f"{path}: no config.json")
-    raw = _read_json(path / "config.json")
+    raw = read_json(path / "config.json")
     if raw.get("model_type") != "multi_modality":
         raise ValueError(f"{path / 'config.json'}: model_type {raw.get('model_type')!r} is not deepseek's "
                          "'multi_modality' (a transformers-format folder loads with from_pretrained)")

@@ -40,7 +40,6 @@ parameter is assigned from the checkpoint.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
 import re
@@ -50,7 +49,7 @@ from typing import Optional, Union
 
 import torch
 
-from .strict import log_ignored, raise_problems
+from .strict import indexed_shards, log_ignored, raise_problems, read_json
 
 __all__ = ["LUMINA_ARCHITECTURES", "load_lumina_chameleon", "lumina_chameleon_config", "move_chameleon"]
 
@@ -104,12 +103,6 @@ _SINGLE = "model.safetensors"
 # ----------------------------------------------------------------------------------------------------------------------
 # config.json
 # ----------------------------------------------------------------------------------------------------------------------
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read JSON ({exc})") from exc
-
 
 def _check_architecture(config: dict, where: Path) -> None:
     if config.get("model_type") != "chameleon":
@@ -170,14 +163,7 @@ class _Stored:
 
 def _safetensors_files(path: Path) -> list:
     if (path / _INDEX).is_file():
-        weight_map = _read_json(path / _INDEX).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise ValueError(f"{path / _INDEX}: no weight_map")
-        files = [path / f for f in sorted(set(weight_map.values()))]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise ValueError(f"{path}: shards named in {_INDEX} are missing: {missing}")
-        return files
+        return indexed_shards(path, _INDEX)
     if (path / _SINGLE).is_file():
         return [path / _SINGLE]
     others = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".safetensors"))
@@ -319,7 +305,7 @@ def load_lumina_chameleon(path: Union[str, os.PathLike], *, dtype: Optional[torc
                          "for a hub id, download it first, e.g. huggingface_hub.snapshot_download(repo_id))")
     if not (path / "config.json").is_file():
         raise ValueError(f"{path}: no config.json")
-    raw = _read_json(path / "config.json")
+    raw = read_json(path / "config.json")
     config = lumina_chameleon_config(raw, path / "config.json")
     stored = _scan(path)
     model = _empty_model(config)

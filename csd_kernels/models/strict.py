@@ -1,13 +1,35 @@
-"""What the strict checkpoint loaders say about a checkpoint they refuse or partly ignore: one error listing every
-missing, unknown and mis-shaped tensor by name (a loader never leaves a tensor randomly initialised)."""
+"""What the strict checkpoint loaders share: reading a folder's JSON and sharded-weights index with one-line errors,
+and what they say about a checkpoint they refuse or partly ignore — one error listing every missing, unknown and
+mis-shaped tensor by name (a loader never leaves a tensor randomly initialised)."""
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
-__all__ = ["MAX_LISTED", "log_ignored", "raise_problems"]
+__all__ = ["MAX_LISTED", "indexed_shards", "log_ignored", "raise_problems", "read_json"]
 
 MAX_LISTED = 12  # problems listed per kind in one error
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read JSON ({exc})") from exc
+
+
+def indexed_shards(path: Path, index: str) -> list:
+    """The weight files that ``path / index`` (a ``*.index.json`` with a weight_map) names, each checked to exist."""
+    weight_map = read_json(path / index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{path / index}: no weight_map")
+    files = [path / f for f in sorted(set(weight_map.values()))]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ValueError(f"{path}: shards named in {index} are missing: {missing}")
+    return files
 
 
 def raise_problems(where: str, family: str, missing: list, unknown: list, bad_shape: list) -> None:
