@@ -180,11 +180,6 @@ def _softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, pos, row_id, k0, k1, 
         if PROBS:
             z_sum += tl.sum(w, 0)
             m = tl.maximum(m, m_c)
-            if WITH_GUMBEL:
-                score = z - tl.log(-tl.log(gumbel_uniforms(v0, pos, row_id, k0, k1, BLOCK_V)))
-                s_c = tl.max(score, 0)
-                g_index = tl.where(s_c > g_best, (tl.argmax(score, 0, tie_break_left=True) + v0).to(tl.int32), g_index)
-                g_best = tl.maximum(g_best, s_c)
         elif GREEDY:
             amax = tl.where(m_c > m, (tl.argmax(z, 0, tie_break_left=True) + v0).to(tl.int32), amax)
             m = tl.maximum(m, m_c)
@@ -193,11 +188,11 @@ def _softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, pos, row_id, k0, k1, 
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
             z_sum = z_sum * tl.exp(m - m_ref) + tl.sum(tl.exp(z - m_ref), 0)
             m = m_new
-            if WITH_GUMBEL:
-                score = z - tl.log(-tl.log(gumbel_uniforms(v0, pos, row_id, k0, k1, BLOCK_V)))
-                s_c = tl.max(score, 0)
-                g_index = tl.where(s_c > g_best, (tl.argmax(score, 0, tie_break_left=True) + v0).to(tl.int32), g_index)
-                g_best = tl.maximum(g_best, s_c)
+        if WITH_GUMBEL and (PROBS or not GREEDY):  # the Gumbel-max draw of this block, in both sampled branches
+            score = z - tl.log(-tl.log(gumbel_uniforms(v0, pos, row_id, k0, k1, BLOCK_V)))
+            s_c = tl.max(score, 0)
+            g_index = tl.where(s_c > g_best, (tl.argmax(score, 0, tie_break_left=True) + v0).to(tl.int32), g_index)
+            g_best = tl.maximum(g_best, s_c)
     if PROBS:
         bad = tl.maximum(bad, (~(tl.abs(z_sum - 1.0) <= PROB_SUM_TOLERANCE)).to(tl.int32))
     return (bad > 0) | (m == float("-inf")), m, z_sum, amax, g_index
