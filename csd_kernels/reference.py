@@ -699,20 +699,26 @@ def tree_candidates(main_tokens: torch.Tensor, q: torch.Tensor, branching: int, 
     return torch.cat([main_tokens[..., None], siblings], -1)
 
 
-def rrs_step(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, support: Optional[torch.Tensor] = None):
-    """One candidate of recursive rejection sampling: (a(x) = min(1, p(x)/q(x)), the next p and q if x is rejected).
+def rrs_step(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, support: Optional[torch.Tensor] = None,
+             accept: Optional[torch.Tensor] = None, rest: Optional[torch.Tensor] = None):
+    """One candidate of recursive rejection sampling: (a(x), the next p and q if x is rejected).
 
-    Next p = norm(max(p − q, 0)) (p where that is zero), next q = q without x, renormalised (zero when nothing is
-    left). A missing candidate (x = -1) changes nothing and is never accepted. Shape: p, q [..., V], x [...]."""
+    a(x) = min(1, p(x)/q(x)), or ``accept`` when given (csd's relaxed a of the main draft). Next p =
+    norm(max(p − q, 0)) (p where that is zero); next q = ``rest`` (default q: the law the next candidates are drawn
+    from) without x, renormalised (zero when nothing is left). A rejected x has p(x) <= q(x) under both rules (a = 1
+    otherwise), so the next p has no mass at x. A missing candidate (x = -1) changes nothing and is never accepted.
+    Shape: p, q, rest [..., V], x, accept [...]."""
     present = x >= 0
     index = x.clamp(min=0)[..., None]
     p_x, q_x = p.gather(-1, index).squeeze(-1), q.gather(-1, index).squeeze(-1)
     in_support = p_x > 0 if support is None else support.gather(-1, index).squeeze(-1)
-    a = torch.where(present, acceptance_probability(p_x, q_x, p_x * 0, p_x * 0, "strict", 0.0, 0.0, in_support), 0)
+    if accept is None:
+        accept = acceptance_probability(p_x, q_x, p_x * 0, p_x * 0, "strict", 0.0, 0.0, in_support)
+    a = torch.where(present, accept, 0)
     residual = (p - q).clamp(min=0)
     mass = residual.sum(-1, keepdim=True)
     next_p = torch.where(mass > 0, residual / torch.where(mass > 0, mass, 1), p)
-    removed = q.scatter(-1, index, 0.0)
+    removed = (q if rest is None else rest).scatter(-1, index, 0.0)
     left = removed.sum(-1, keepdim=True)
     next_q = torch.where(left > 0, removed / torch.where(left > 0, left, 1), 0.0)
     keep = ~present[..., None]
@@ -734,15 +740,22 @@ class TreeWalk:
 
 
 def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: TreeLayout, u_accept: torch.Tensor,
-              u_sample: torch.Tensor, support: Optional[torch.Tensor] = None) -> TreeWalk:
+              u_sample: torch.Tensor, support: Optional[torch.Tensor] = None, rule: str = "strict",
+              entropy_coef: float = 0.0, tvd_threshold: float = 0.0,
+              sibling_q: Optional[torch.Tensor] = None) -> TreeWalk:
     """Verify a draft tree: from the root, at each accepted node RRS over its children in rank order (their shared
     q is that of their level); the first accepted child is the next node; all rejected: emit a draw from the last
     residual; a node without children: emit a draw from its p. The emitted tokens are distributed exactly as the
     target's autoregressive law (tests/test_tree.py).
 
+    The main draft (rank 0) is tested against q with ``rule`` (csd: + λ·H(p) where TVD(p, q) < τ, both at the node;
+    the residual stays norm(max(p − q, 0)), so each emitted token has exactly the law of csd on a chain, and the
+    same closed-form distortion); the siblings (ranks 1..) by strict RRS against ``sibling_q`` (default q), the law
+    they were drawn from without replacement (tree_candidates on sibling_q).
+
     Shape: p [B, S, V] the target at each slot's output (the law of its children's position); tokens [B, S] each
-    slot's token (-1: missing candidate); q [B, M, V] the q of each draft level; u_accept, u_sample [B, S];
-    support [B, S, V] bool or None (p > 0)."""
+    slot's token (-1: missing candidate); q, sibling_q [B, M, V] the q of each draft level; u_accept, u_sample
+    [B, S]; support [B, S, V] bool or None (p > 0)."""
     batch, slots, _ = p.shape
     levels = layout.levels
     rows = torch.arange(batch, device=p.device)
@@ -763,10 +776,12 @@ def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: Tr
         chosen = torch.full_like(cur, -1)
         chosen_a = torch.zeros_like(accept_prob[:, 0])
         ranks = kids.shape[1] if 1 <= level < layout.depth_limit else 1  # only tree nodes have siblings below
+        rest = None if sibling_q is None else sibling_q[:, min(level, levels - 1)]
         for r in range(ranks):
             slot = kids[:, r]
             x = torch.where((slot >= 0) & (chosen < 0), tokens[rows, slot.clamp(min=0)], -1)
-            a, next_p, next_q = rrs_step(p_j, q_j, x, sup)
+            relaxed = _relaxed_main(p_j, q_j, x, sup, rule, entropy_coef, tvd_threshold) if r == 0 else None
+            a, next_p, next_q = rrs_step(p_j, q_j, x, sup, relaxed, rest if r == 0 else None)
             hit = (x >= 0) & (u_accept[rows, slot.clamp(min=0)] < a)
             chosen, chosen_a = torch.where(hit, slot, chosen), torch.where(hit, a, chosen_a)
             p_j, q_j = torch.where(hit[:, None], p_j, next_p), torch.where(hit[:, None], q_j, next_q)
@@ -784,3 +799,14 @@ def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: Tr
     emitted = inverse_cdf_sample(residual, u_sample[rows, cur])  # cur: the stop node
     out = out.scatter(1, accept_len[:, None], emitted[:, None])
     return TreeWalk(accept_len, path, out, accept_prob, leaf)
+
+
+def _relaxed_main(p, q, x, support, rule: str, entropy_coef: float, tvd_threshold: float):
+    """csd's a(x) of a main draft against its q at the node (None under the strict rule: rrs_step's min(1, p/q))."""
+    if rule == "strict":
+        return None
+    index = x.clamp(min=0)[..., None]
+    p_x, q_x = p.gather(-1, index).squeeze(-1), q.gather(-1, index).squeeze(-1)
+    in_support = p_x > 0 if support is None else support.gather(-1, index).squeeze(-1)
+    return acceptance_probability(p_x, q_x, entropy(p), total_variation(p, q), rule, entropy_coef, tvd_threshold,
+                                  in_support)
