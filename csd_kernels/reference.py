@@ -84,6 +84,8 @@ __all__ = [
     "accepted_mass",
     "output_distribution",
     "optimal_residual",
+    "verify_tree",
+    "TreeResult",
     "closed_form_distortion",
     "inverse_cdf_sample",
     "VerifyResult",
@@ -800,6 +802,60 @@ def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: Tr
     out = out.scatter(1, accept_len[:, None], emitted[:, None])
     return TreeWalk(accept_len, path, out, accept_prob, leaf)
 
+
+
+@dataclass
+class TreeResult:
+    """What verify_tree returns (every backend). The stats at i describe the node path[i] that emits token i.
+
+    Shape: accept_len [B] int64; path, tokens [B, M + 1] int64 (TreeWalk's); accept_prob, entropy, tvd,
+    distortion [B, M + 1] float32 (0 after accept_len); status [B] int32 (STATUS_BAD_LOGITS: a visited node had bad
+    logits). entropy H(p) at the node; tvd ½Σ|p − q_i| (½ at i = M, no q); distortion csd's closed form at the node
+    (0 without a main draft below it, and under the strict rule)."""
+
+    accept_len: torch.Tensor
+    path: torch.Tensor
+    tokens: torch.Tensor
+    accept_prob: torch.Tensor
+    entropy: torch.Tensor
+    tvd: torch.Tensor
+    distortion: torch.Tensor
+    status: torch.Tensor
+
+
+def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_probs: torch.Tensor,
+                layout: TreeLayout, *, uncond_logits: Optional[torch.Tensor] = None, cfg_scale: float = 1.0,
+                temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                min_p: Optional[float] = None, rule: str = "strict", entropy_coef: float = 0.5,
+                tvd_threshold: float = 0.65, sibling_probs: Optional[torch.Tensor] = None, seed: torch.Tensor,
+                offset: torch.Tensor) -> TreeResult:
+    """The fused tree verification, defined: p at every slot (CFG, temperature, top-k / top-p / min-p), the walk
+    on the tree stream's uniforms (tree_walk), and the stats of the nodes on the path.
+
+    Shape: target_logits, uncond_logits [B, S, V]; node_tokens [B, S] (slot 0 unused, -1: missing candidate);
+    draft_probs, sibling_probs [B, M, V] (M = layout.levels); seed, offset [1] or [B] int64."""
+    batch, slots, _ = target_logits.shape
+    target = target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, torch.float32, top_p,
+                                 min_p)
+    q = draft_probs.float()
+    u_accept, u_sample = tree_uniforms(seed, offset, batch, slots)
+    walk = tree_walk(target.p, node_tokens.to(torch.int64), q, layout, u_accept, u_sample, target.support, rule,
+                     entropy_coef, tvd_threshold, None if sibling_probs is None else sibling_probs.float())
+    rows = torch.arange(batch, device=q.device)[:, None]
+    on_path = walk.path >= 0
+    node = walk.path.clamp(min=0)
+    p_at = target.p[rows, node]  # [B, M + 1, V]
+    q_at = torch.cat([q, torch.zeros_like(q[:, :1])], 1)
+    h = target.h[rows, node]
+    tvd = total_variation(p_at, q_at)
+    main_child = layout.children.to(q.device)[node, 0]
+    has_draft = (main_child >= 0) & (node_tokens.to(torch.int64).gather(1, main_child.clamp(min=0)) >= 0)
+    q_times_a = accepted_mass(p_at, q_at, h, tvd, rule, entropy_coef, tvd_threshold, target.support[rows, node])
+    distortion = torch.where(has_draft & (rule == "csd"), closed_form_distortion(p_at, q_at, q_times_a), 0)
+    zero = torch.zeros_like(h)
+    status = (target.bad[rows, node] & on_path).any(-1).to(torch.int32) * STATUS_BAD_LOGITS
+    return TreeResult(walk.accept_len, walk.path, walk.tokens, walk.accept_prob, torch.where(on_path, h, zero),
+                      torch.where(on_path, tvd, zero), torch.where(on_path, distortion, zero), status)
 
 def _relaxed_main(p, q, x, support, rule: str, entropy_coef: float, tvd_threshold: float):
     """csd's a(x) of a main draft against its q at the node (None under the strict rule: rrs_step's min(1, p/q))."""
