@@ -93,6 +93,21 @@ def _node_law(p, q, sibling_q, k: int, rule: str, entropy_coef: float, tvd_thres
     return law
 
 
+def _verify_tree_distortion(p, q, sibling_q, k: int, entropy_coef: float, tvd_threshold: float) -> float:
+    """verify_tree's distortion at the node of _node_law (float32 logits log p; the root's child accepted)."""
+    layout = ref.tree_layout(k, 2, ref.tree_nodes(k, 2) + 1)
+    slots = layout.parent.numel()
+    root_q = torch.full_like(p, 1.0 / p.numel())
+    logits = torch.log(torch.stack([root_q, p] + [root_q] * (slots - 2)))[None].float()
+    tokens = (torch.arange(slots) % p.numel())[None]
+    sib = None if sibling_q is None else torch.stack([root_q, sibling_q])[None]
+    res = ref.verify_tree(logits, tokens, torch.stack([root_q, q])[None], layout, rule="csd",
+                          entropy_coef=entropy_coef, tvd_threshold=tvd_threshold, sibling_probs=sib,
+                          seed=torch.tensor([0]), offset=torch.tensor([0]))
+    assert int(res.path[0, 1]) == 1
+    return float(res.distortion[0, 1])
+
+
 # (λ, τ): the relaxation applies (τ = 1 > TVD), strongly; TVD >= τ, so it does not; λ = 0
 RELAXED = [(0.5, 1.0), (3.0, 1.0)]
 NOT_RELAXED = [(0.5, 0.5 * float(ref.total_variation(P, Q))), (0.0, 1.0)]
@@ -107,6 +122,7 @@ def test_csd_node_law_is_chain_csd(k, sibling_q, entropy_coef, tvd_threshold, mo
     torch.testing.assert_close(law, chain, rtol=0, atol=1e-12)
     distortion = float(ref.closed_form_distortion(P, Q, q_times_a))
     assert abs(0.5 * float((law - P).abs().sum()) - distortion) < 1e-12
+    assert abs(_verify_tree_distortion(P, Q, sibling_q, k, entropy_coef, tvd_threshold) - distortion) < 1e-6
     if (entropy_coef, tvd_threshold) in RELAXED:
         assert distortion > 0.02  # the relaxation moves the law: the comparison above has teeth
     else:
