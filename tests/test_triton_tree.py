@@ -28,9 +28,11 @@ FIELDS = ("accept_len", "path", "tokens", "accept_prob", "entropy", "tvd", "dist
 
 
 def _case(branching, depth, slots, vocab, batch=4, seed=0, spread=0.6, cfg=False, siblings=False, missing=False,
-          masked=False):
+          masked=False, restrict=None):
     """Inputs of one tree verification: the slots' logits share a row base (so drafts are often accepted), q and
-    sibling_q are noisy copies of it, main drafts ~ q, siblings Gumbel-top-K of sibling_q without the main draft."""
+    sibling_q are noisy copies of it (restricted as ``restrict``, verify_tree's top_k / top_p / min_p / temperature,
+    says, so that drafts fall in p's support), main drafts ~ q, siblings Gumbel-top-K of sibling_q without the main
+    draft."""
     g = torch.Generator().manual_seed(seed)
     layout = ref.tree_layout(branching, depth, slots)
     levels = layout.levels
@@ -43,6 +45,10 @@ def _case(branching, depth, slots, vocab, batch=4, seed=0, spread=0.6, cfg=False
     if masked:  # a few tokens masked everywhere (−inf), as image generators mask text tokens
         logits[..., : vocab // 5] = float("-inf")
     q = torch.softmax(base + noisy((batch, levels, vocab), spread), -1)
+    if restrict:
+        r = dict(dict(top_k=None, top_p=None, min_p=None, temperature=1.0), **restrict)
+        q = ref.target_distribution(torch.log(q), None, 1.0, r["temperature"], r["top_k"], torch.float32, r["top_p"],
+                                    r["min_p"]).p
     if masked:
         q = torch.softmax(torch.log(q).masked_fill(torch.arange(vocab) < vocab // 8, float("-inf")), -1)
     sib = torch.softmax(base + noisy((batch, levels, vocab), 1.5 * spread), -1) if siblings else None
@@ -52,7 +58,7 @@ def _case(branching, depth, slots, vocab, batch=4, seed=0, spread=0.6, cfg=False
     tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.int64), cand[:, layout.depth[1:] - 1, layout.rank[1:]]], 1)
     if missing:  # drop about a quarter of the candidates (main drafts included)
         tokens[:, 1:] = torch.where(torch.rand(batch, slots - 1, generator=g) < 0.25, -1, tokens[:, 1:])
-    kw = dict(uncond_logits=base + noisy((batch, slots, vocab), 1.0) if cfg else None, cfg_scale=2.5 if cfg else 1.0,
+    kw = dict(uncond_logits=base + noisy((batch, slots, vocab), spread) if cfg else None, cfg_scale=1.5 if cfg else 1.0,
               sibling_probs=sib)
     return layout, logits, tokens, q, kw
 
@@ -94,27 +100,35 @@ def test_tree_equals_reference(tree, rule):
     _check(layout, logits, tokens, q, rule=rule, **kw)
 
 
-OPTIONS = {
+OPTIONS = {  # (inputs, verify_tree keywords); the restrictions are slow in the interpreter: csd only, two rows
     "cfg": (dict(cfg=True), {}),
     "siblings": (dict(siblings=True), {}),
     "missing": (dict(missing=True), {}),
     "masked": (dict(masked=True), {}),
-    "top_k": ({}, dict(top_k=5)),
-    "top_p": ({}, dict(top_p=0.8)),
     "min_p": ({}, dict(min_p=0.05)),
-    "restricted": (dict(cfg=True), dict(top_k=20, top_p=0.9, min_p=0.01, temperature=0.7)),
     "greedy": (dict(cfg=True), dict(temperature=0.0)),
     "cold": ({}, dict(temperature=0.5)),
+}
+RESTRICTED = {
+    "top_k": ({}, dict(top_k=5)),
+    "top_k_top_p_min_p": (dict(cfg=True), dict(top_k=20, top_p=0.8, min_p=0.01, temperature=0.7)),
 }
 
 
 @pytest.mark.parametrize("rule", ref.RULES)
 @pytest.mark.parametrize("option", list(OPTIONS))
-@pytest.mark.parametrize("tree", [(3, 2, 8, 64), (2, 3, 12, 1000)], ids=lambda t: "K{}D{}S{}V{}".format(*t))
-def test_tree_options_equal_reference(tree, option, rule):
+def test_tree_options_equal_reference(option, rule):
     inputs, options = OPTIONS[option]
-    layout, logits, tokens, q, kw = _case(*tree, seed=len(option), **inputs)
+    layout, logits, tokens, q, kw = _case(2, 3, 12, 64, seed=len(option), spread=1.0, **inputs)
     _check(layout, logits, tokens, q, rule=rule, **kw, **options)
+
+
+@pytest.mark.parametrize("option", list(RESTRICTED))
+def test_tree_restrictions_equal_reference(option):
+    inputs, options = RESTRICTED[option]
+    layout, logits, tokens, q, kw = _case(3, 2, 8, 1000, batch=3, seed=len(option), spread=0.4, restrict=options,
+                                          **inputs)
+    _check(layout, logits, tokens, q, rule="csd", **kw, **options)
 
 
 def test_csd_relaxes_the_main_draft_only():
@@ -135,7 +149,7 @@ def test_per_row_seeds_and_offsets():
 
 def test_large_vocabulary_in_chunks():
     """V = 16384: four chunks per sweep (the chunk carries of the CDF, the masses across chunks)."""
-    layout, logits, tokens, q, kw = _case(2, 2, 6, 16384, batch=1, seed=11, spread=0.3)
+    layout, logits, tokens, q, kw = _case(2, 2, 6, 16384, batch=1, seed=11, spread=0.3, restrict=dict(top_k=50))
     _check(layout, logits, tokens, q, rule="csd", top_k=50, **kw)
 
 
