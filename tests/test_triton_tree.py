@@ -131,6 +131,15 @@ def test_tree_restrictions_equal_reference(option):
     _check(layout, logits, tokens, q, rule="csd", **kw, **options)
 
 
+@pytest.mark.parametrize("rule", ref.RULES)
+def test_siblings_after_rejections_equal_reference(rule):
+    """K = 4 over V = 7 with q far from p: main drafts are often rejected and up to three siblings tested in turn
+    against the renormalised q without the earlier candidates (the RRS state that a stale q would get wrong)."""
+    layout, logits, tokens, q, kw = _case(4, 2, 7, 7, batch=24, seed=13, spread=2.0, siblings=True)
+    result = _check(layout, logits, tokens, q, rule=rule, **kw)
+    assert ((layout.rank[result.path.clamp(min=0)] >= 2) & (result.path >= 0)).any()  # a third candidate won
+
+
 def test_csd_relaxes_the_main_draft_only():
     """csd with a large λ and an open gate: the walks differ from strict and equal the reference (the relaxed test
     of the siblings, a planted bug, fails here)."""
