@@ -165,7 +165,7 @@ def tree_kernel(
     tag = (row_id & 0x3FFFFFFF) | TREE_TAG
     scr_p = scratch_ptr + b * 2 * V
     scr_q = scr_p + V
-    inv_v = 1.0 / V.to(tl.float32)
+    inv_v = 1.0 / V  # fp32 (V may be specialised to the constant 1)
     idx = tl.arange(0, BLOCK_M)
     path_v = tl.where(idx == 0, 0, -1).to(tl.int64)
     tok_v = tl.full((BLOCK_M,), -1, tl.int64)
@@ -189,6 +189,7 @@ def tree_kernel(
             bad, m, z_sum, amax, _g = _softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, 0, 0, 0, 0, HAS_UNCOND,
                                                      GREEDY, RESTRICT, False, False, BLOCK_V)
             status |= tl.where(bad, S_BAD_LOGITS, 0)
+            tl.debug_barrier()  # every thread is done reading the previous node's scratch
             h, tvd = _load_node(c_row, u_row, q_row, s_qv, level < M, scr_p, scr_q, V, thr, m, z_sum, amax, bad,
                                 inv_v, cfg_scale, inv_t, HAS_UNCOND, GREEDY, RESTRICT, BLOCK_V)
             tl.debug_barrier()  # the scratch is read below by other threads than the ones that wrote it
