@@ -28,11 +28,11 @@ FIELDS = ("accept_len", "path", "tokens", "accept_prob", "entropy", "tvd", "dist
 
 
 def _case(branching, depth, slots, vocab, batch=4, seed=0, spread=0.6, cfg=False, siblings=False, missing=False,
-          masked=False, restrict=None):
+          masked=False, restrict=None, dtype=torch.float32):
     """Inputs of one tree verification: the slots' logits share a row base (so drafts are often accepted), q and
     sibling_q are noisy copies of it (restricted as ``restrict``, verify_tree's top_k / top_p / min_p / temperature,
     says, so that drafts fall in p's support), main drafts ~ q, siblings Gumbel-top-K of sibling_q without the main
-    draft."""
+    draft; the logits in ``dtype``."""
     g = torch.Generator().manual_seed(seed)
     layout = ref.tree_layout(branching, depth, slots)
     levels = layout.levels
@@ -60,7 +60,9 @@ def _case(branching, depth, slots, vocab, batch=4, seed=0, spread=0.6, cfg=False
         tokens[:, 1:] = torch.where(torch.rand(batch, slots - 1, generator=g) < 0.25, -1, tokens[:, 1:])
     kw = dict(uncond_logits=base + noisy((batch, slots, vocab), spread) if cfg else None, cfg_scale=1.5 if cfg else 1.0,
               sibling_probs=sib)
-    return layout, logits, tokens, q, kw
+    if kw["uncond_logits"] is not None:
+        kw["uncond_logits"] = kw["uncond_logits"].to(dtype)
+    return layout, logits.to(dtype), tokens, q, kw
 
 
 def _run_triton(layout, logits, tokens, q, *, uncond_logits=None, cfg_scale=1.0, temperature=1.0, top_k=None,
@@ -108,6 +110,7 @@ OPTIONS = {  # (inputs, verify_tree keywords); the restrictions are slow in the 
     "min_p": ({}, dict(min_p=0.05)),
     "greedy": (dict(cfg=True), dict(temperature=0.0)),
     "cold": ({}, dict(temperature=0.5)),
+    "bf16": (dict(cfg=True, dtype=torch.bfloat16), {}),
 }
 RESTRICTED = {
     "top_k": ({}, dict(top_k=5)),
