@@ -59,13 +59,15 @@ def _slot_probs(layout: ref.TreeLayout, table: torch.Tensor, tokens: torch.Tenso
     return table[parent_tok.clamp(min=0), tokens.clamp(min=0)]
 
 
-def _draw(layout, q, seeds, gen, siblings="without_replacement"):
-    """cand [N, levels, K]: main drafts ~ q, siblings from the tree stream (or a planted variant)."""
+def _draw(layout, q, seeds, gen, siblings="without_replacement", sibling_q=None):
+    """cand [N, levels, K]: main drafts ~ q, siblings from the tree stream (or a planted variant) drawn from
+    sibling_q (default q)."""
     n, levels, k = seeds.numel(), layout.levels, layout.branching
     qn = q[None].expand(n, -1, -1)
     main = ref.inverse_cdf_sample(qn, torch.rand(n, levels, generator=gen, dtype=torch.float64))
     if siblings == "without_replacement":
-        return ref.tree_candidates(main, qn, k, ref.tree_gumbel_uniforms(seeds, torch.zeros(1), n, levels, V))
+        sn = qn if sibling_q is None else sibling_q[None].expand(n, -1, -1)
+        return ref.tree_candidates(main, sn, k, ref.tree_gumbel_uniforms(seeds, torch.zeros(1), n, levels, V))
     # planted defect 2: siblings i.i.d. from the stale distribution (with replacement: duplicates of each other and
     # of the main draft possible) while the walk's RRS assumes draws without replacement
     u = torch.rand(n, levels, k - 1, generator=gen, dtype=torch.float64)
@@ -111,15 +113,16 @@ def _longest_path_walk(p, tokens, q, layout, u_accept, u_sample):
     return out
 
 
-def _emitted(branching, depth, defect=None, table=None, samples=SAMPLES):
-    """[N, D + 1] tokens after PREFIX: the window's accepted and emitted tokens, completed autoregressively."""
+def _emitted(branching, depth, defect=None, table=None, samples=SAMPLES, sibling_q=None):
+    """[N, D + 1] tokens after PREFIX: the window's accepted and emitted tokens, completed autoregressively (siblings
+    drawn from and tested against sibling_q [levels, V] when given)."""
     table = _markov() if table is None else table
     layout = ref.tree_layout(branching, depth, ref.tree_nodes(branching, depth) + 1)  # the tree alone (M = D)
     q = _stale_q(layout.levels)
     seeds = torch.arange(samples, dtype=torch.int64) + 7
     gen = torch.Generator().manual_seed(3)
     cand = _draw(layout, q, seeds, gen, "iid_residual" if defect == "stale_residual_siblings" else
-                 "without_replacement")
+                 "without_replacement", sibling_q)
     tokens = _node_tokens(layout, cand)
     p = _slot_probs(layout, table, tokens)
     u_accept, u_sample = ref.tree_uniforms(seeds, torch.zeros(1, dtype=torch.int64), samples, p.shape[1])
@@ -127,7 +130,8 @@ def _emitted(branching, depth, defect=None, table=None, samples=SAMPLES):
     if defect == "longest_path":
         out = _longest_path_walk(p, tokens, qn, layout, u_accept, u_sample)
     else:
-        walk = ref.tree_walk(p, tokens, qn, layout, u_accept, u_sample)
+        walk = ref.tree_walk(p, tokens, qn, layout, u_accept, u_sample,
+                             sibling_q=None if sibling_q is None else sibling_q[None].expand(samples, -1, -1))
         out = walk.tokens
         if defect == "uniform_after_leaf":  # planted defect 1: the token after a fully accepted path is uniform
             uniform = torch.randint(0, V, (samples,), generator=gen)
@@ -172,6 +176,14 @@ def test_tree_walk_law_equals_the_target(branching, depth):
     assert _gof_p(_emitted(branching, depth), law) > 1e-3
 
 
+def test_tree_walk_law_with_a_sibling_proposal_equals_the_target():
+    """The sampler with siblings drawn (Gumbel-top-K, the main draft removed) from a flattened other law than q, and
+    the walk testing them against it (sibling_q): the law of D + 1 tokens is still the target's."""
+    siblings = _stale_q(2, seed=4) ** 0.3
+    law = _ar_law(_markov(), 3)
+    assert _gof_p(_emitted(3, 2, sibling_q=siblings / siblings.sum(-1, keepdim=True)), law) > 1e-3
+
+
 @pytest.mark.parametrize("defect, branching, depth", [("uniform_after_leaf", 2, 2),
                                                        ("stale_residual_siblings", 3, 2),
                                                        ("longest_path", 2, 3)])
@@ -186,22 +198,27 @@ def test_sjd_pac_defects_are_caught(defect, branching, depth):
 # ----------------------------------------------------------------------------------------------------------------------
 # exact: enumerate every candidate set and every RRS outcome (rrs_step's probabilities) of the walk
 # ----------------------------------------------------------------------------------------------------------------------
-def _ordered_draw_probs(q: torch.Tensor, k: int) -> dict:
-    """{(x_1, .., x_k): probability} of k draws from q without replacement (x_1 the main draft ~ q)."""
+def _ordered_draw_probs(q: torch.Tensor, k: int, siblings: torch.Tensor = None) -> dict:
+    """{(x_1, .., x_k): probability}: the main draft x_1 ~ q, then k - 1 draws without replacement from ``siblings``
+    (default q) with x_1 removed."""
+    s = q if siblings is None else siblings
     probs = {}
     for xs in itertools.permutations(range(V), k):
-        prob, left = 1.0, 1.0
-        for x in xs:
-            prob *= float(q[x]) / left
-            left -= float(q[x])
+        prob, left = float(q[xs[0]]), 1.0 - float(s[xs[0]])
+        for x in xs[1:]:
+            prob *= float(s[x]) / left if left > 0 else 0.0
+            left -= float(s[x])
         probs[xs] = prob
     return probs
 
 
-def _exact_law(layout: ref.TreeLayout, table: torch.Tensor, q: torch.Tensor) -> np.ndarray:
-    """The exact law of the D + 1 tokens the walk emits (AR-completed), by enumeration over candidate sets."""
+def _exact_law(layout: ref.TreeLayout, table: torch.Tensor, q: torch.Tensor,
+               sibling_q: torch.Tensor = None) -> np.ndarray:
+    """The exact law of the D + 1 tokens the walk emits (AR-completed), by enumeration over candidate sets (siblings
+    drawn from ``sibling_q``, default q, and tested against it as rrs_step's ``rest``)."""
     length = layout.levels + 1
-    per_level = [_ordered_draw_probs(q[d], layout.branching) for d in range(layout.levels)]
+    per_level = [_ordered_draw_probs(q[d], layout.branching, None if sibling_q is None else sibling_q[d])
+                 for d in range(layout.levels)]
     law = np.zeros(V**length)
 
     def emit(prefix: tuple, prob: float, a: int, b: int):
@@ -212,12 +229,14 @@ def _exact_law(layout: ref.TreeLayout, table: torch.Tensor, q: torch.Tensor) -> 
             emit(prefix + (x,), prob * float(table[a, b, x]), b, x)
 
     def walk(slot: int, cand: tuple, prefix: tuple, prob: float, a: int, b: int):
-        p_j, q_j = table[a, b], q[min(int(layout.depth[slot]), layout.levels - 1)]
+        level = min(int(layout.depth[slot]), layout.levels - 1)
+        p_j, q_j = table[a, b], q[level]
+        rest = None if sibling_q is None else sibling_q[level]
         for c in layout.children[slot].tolist():
             if c < 0:
                 continue
             x = cand[int(layout.depth[c]) - 1][int(layout.rank[c])]
-            acc, next_p, next_q = ref.rrs_step(p_j, q_j, torch.tensor(x))
+            acc, next_p, next_q = ref.rrs_step(p_j, q_j, torch.tensor(x), rest=rest if layout.rank[c] == 0 else None)
             walk(c, cand, prefix + (x,), prob * float(acc), b, x)
             prob *= 1 - float(acc)
             p_j, q_j = next_p, next_q
@@ -235,6 +254,18 @@ def test_tree_walk_law_is_exact(branching, depth):
     table = _markov()
     layout = ref.tree_layout(branching, depth, ref.tree_nodes(branching, depth) + 1)
     exact = _exact_law(layout, table, _stale_q(layout.levels))
+    np.testing.assert_allclose(exact, _ar_law(table, depth + 1), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("branching, depth", [(2, 2), (3, 2)])
+def test_tree_walk_law_is_exact_with_a_sibling_proposal(branching, depth):
+    """Siblings drawn from a law other than q (without replacement, the main draft removed) and tested against it:
+    the emitted tokens keep the target's law exactly."""
+    table = _markov()
+    layout = ref.tree_layout(branching, depth, ref.tree_nodes(branching, depth) + 1)
+    q = _stale_q(layout.levels)
+    siblings = _stale_q(layout.levels, seed=4) ** 0.3
+    exact = _exact_law(layout, table, q, siblings / siblings.sum(-1, keepdim=True))
     np.testing.assert_allclose(exact, _ar_law(table, depth + 1), rtol=0, atol=1e-12)
 
 
