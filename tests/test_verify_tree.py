@@ -121,14 +121,18 @@ def test_backend_equals_reference(backend, case):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_walks_use_residuals_and_deep_paths(backend):
-    """The agreement above has power: over many rows the walks stop at every depth and accept siblings (rank >= 1),
-    which only happens after a residual update."""
-    rows = 24 if backend == "triton" and not torch.cuda.is_available() else 64
-    inputs = _tree_inputs(3, 3, 16, rows, 6, seed=3, sharp=1.0, uniform_tokens=True)
+@pytest.mark.parametrize("options", [dict(rule="strict"), dict(rule="csd", entropy_coef=0.1, tvd_threshold=1.0)],
+                         ids=["strict", "csd-gate-open"])
+@pytest.mark.parametrize("sibling", [False, True], ids=["q", "sibling-q"])
+def test_walks_use_residuals_and_deep_paths(backend, options, sibling):
+    """Candidates uniformly at random on V = 6: main drafts are often rejected, so siblings are tested against the
+    residuals (and, under csd with its gate open, must stay strict) — over the rows the walks accept siblings and stop
+    at every depth, so the agreement has power on the residual updates."""
+    rows = 24 if backend == "triton" and not torch.cuda.is_available() else 96
+    inputs = _tree_inputs(3, 3, 16, rows, 6, seed=3, sharp=2.5, uniform_tokens=True, sibling=sibling)
     device = _device(backend)
-    got = ck.verify_tree(**_on(inputs, device), seed=5, offset=0, backend=backend)
-    want = _reference(inputs, torch.tensor([5]), torch.tensor([0]))
+    got = ck.verify_tree(**_on(inputs, device), seed=5, offset=0, backend=backend, **options)
+    want = _reference(inputs, torch.tensor([5]), torch.tensor([0]), **options)
     _assert_same(got, want)
     rank = inputs["layout"].rank[want.path.clamp(min=0)] * (want.path >= 0)
     assert (rank >= 1).any(), "no sibling was accepted: the residual path is untested"
