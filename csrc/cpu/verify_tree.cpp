@@ -15,22 +15,39 @@ namespace {
 
 // The executor of tree_row on one CPU thread: every "block" operation is a loop.
 struct SerialExec {
+  static constexpr int kLanes = 8;
   std::vector<float>& tmp;
 
   template <class F>
   void each(int64_t n, F f) const {
     for (int64_t v = 0; v < n; ++v) f(v);
   }
+  // Eight partial sums (and maxima): independent chains the compiler can vectorise; the order is free here (the
+  // reference's float32 sums have their own), only inverse_cdf keeps torch.cumsum's serial order.
   template <class F>
   double sum(int64_t n, F f) const {
+    double part[kLanes] = {};
+    int64_t v = 0;
+    for (; v + kLanes <= n; v += kLanes)
+      for (int l = 0; l < kLanes; ++l) part[l] += static_cast<double>(f(v + l));
     double s = 0.0;
-    for (int64_t v = 0; v < n; ++v) s += static_cast<double>(f(v));
+    for (int l = 0; l < kLanes; ++l) s += part[l];
+    for (; v < n; ++v) s += static_cast<double>(f(v));
     return s;
   }
   template <class F>
   float max(int64_t n, F f) const {
+    float part[kLanes];
+    for (int l = 0; l < kLanes; ++l) part[l] = -f_inf();
+    int64_t v = 0;
+    for (; v + kLanes <= n; v += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const float x = f(v + l);
+        part[l] = x > part[l] ? x : part[l];
+      }
     float m = -f_inf();
-    for (int64_t v = 0; v < n; ++v) {
+    for (int l = 0; l < kLanes; ++l) m = part[l] > m ? part[l] : m;
+    for (; v < n; ++v) {
       const float x = f(v);
       m = x > m ? x : m;
     }
