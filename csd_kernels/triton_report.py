@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Variant", "ResourceReport", "variants", "compile_variant", "format_table"]
+__all__ = ["Variant", "ResourceReport", "variants", "compile_variant", "compile_tree_kernel", "format_table"]
 
 _DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -179,6 +179,40 @@ def compile_draft_kernel(arch: int = 90) -> ResourceReport:
     return ResourceReport("fresh draft tokens, L=16", "draft_tokens_kernel", 16, 1, **resources)
 
 
+def compile_tree_kernel(vocab: int = 16384, *, greedy: bool = False, top_k: bool = False, csd_rule: bool = True,
+                        logits_dtype: str = "bfloat16", arch: int = 90) -> ResourceReport:
+    """The tree verification kernel (csd_kernels/triton_kernels/tree.py) with CFG, as triton_tree launches it."""
+    from .triton_kernels.tree import tree_kernel
+    from .triton_tree import tree_block
+    from .triton_verify import register_num_warps
+
+    block = tree_block(vocab)
+    constexprs = {"HAS_UNCOND": True, "GREEDY": greedy, "TOP_K": top_k and not greedy, "TOP_P": top_k and not greedy,
+                  "MIN_P": top_k and not greedy, "CSD_RULE": csd_rule, "PER_ROW_SEED": True, "BLOCK_V": block,
+                  "BLOCK_M": 64, "s_qv": 1, "s_sv": 1}
+    logits = "*" + _DTYPE[logits_dtype]
+    floats = {"cfg_scale", "inv_t", "top_p", "log_min_p", "entropy_coef", "tvd_threshold"}
+    signature = {}
+    for name in tree_kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in ("logits_ptr", "uncond_ptr"):
+            signature[name] = logits
+        elif name in ("q_ptr", "sib_ptr", "scratch_ptr", "acc_ptr", "ent_ptr", "tvd_ptr", "dist_ptr"):
+            signature[name] = "*fp32"
+        elif name == "status_ptr":
+            signature[name] = "*i32"
+        elif name.endswith("_ptr"):
+            signature[name] = "*i64"
+        else:
+            signature[name] = "fp32" if name in floats else "i32"
+    num_warps = register_num_warps(block)
+    resources = _compile(tree_kernel, signature, constexprs, num_warps, arch)
+    label = (f"tree V={vocab} cfg {'greedy' if greedy else 'top-k/p/min-p' if top_k else 'full'} "
+             f"{'csd' if csd_rule else 'strict'} {_DTYPE[logits_dtype]}")
+    return ResourceReport(label, "tree_kernel", block, num_warps, **resources)
+
+
 def _compile(kernel, signature: dict, constexprs: dict, num_warps: int, arch: int) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -223,6 +257,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     reports = [r for v in (quick_variants() if args.quick else variants()) for r in compile_variant(v, args.arch)]
     reports.append(compile_draft_kernel(args.arch))
+    reports.append(compile_tree_kernel(arch=args.arch))
     print(format_table(reports))
     if args.json:
         rows = [dict(variant=r.label, kernel=r.kernel, block=r.block, num_warps=r.num_warps,

@@ -169,10 +169,10 @@ def check_generate(mode: str, coupling: Optional[str] = None, **settings) -> str
     return "independent"
 
 
-def check_tree(tree, mode: str, window: int, coupling: Optional[str], static: bool) -> Optional[tuple]:
+def check_tree(tree, mode: str, window: int, coupling: Optional[str], static: Optional[bool]) -> Optional[tuple]:
     """tree=(K, D) for generate(): None, or K >= 1 and D >= 1 ints whose (K^D − 1)/(K − 1) draft nodes fit in the
-    W − 1 draft slots of the window, with mode sjd (csd's relaxed test on candidates is not defined yet), the maximal
-    coupling and static=True. Returns (K, D) or None."""
+    W − 1 draft slots of the window, with mode sjd or csd (csd relaxes the main draft's test only; docs/trees.md),
+    the maximal coupling and the static loop (static None or True). Returns (K, D) or None."""
     if tree is None:
         return None
     try:
@@ -188,14 +188,15 @@ def check_tree(tree, mode: str, window: int, coupling: Optional[str], static: bo
     if nodes > window - 1:
         raise ArgumentError("tree", tree, f"a tree whose (K^D - 1)/(K - 1) = {nodes} draft nodes fit in the W - 1 = "
                                           f"{window - 1} draft slots of the window ({where})")
-    if mode != "sjd":
-        raise ArgumentError("tree", tree, f"None with mode {mode!r}: draft trees run with mode 'sjd' only ({where}; "
-                                          "csd's relaxed test on tree candidates is not defined yet)")
+    if mode not in ("sjd", "csd"):
+        raise ArgumentError("tree", tree, f"None with mode {mode!r}: draft trees run with mode 'sjd' or 'csd' only "
+                                          f"({where})")
     if coupling not in (None, "maximal"):
         raise ArgumentError("tree", tree, f"None with coupling {coupling!r}: trees draw the next drafts by the "
                                           f"maximal coupling ({where})")
-    if not static:
-        raise ArgumentError("tree", tree, f"None with static=False: draft trees run in the static loop only ({where})")
+    if static is not None and not static:
+        raise ArgumentError("tree", tree, f"None with static={static!r}: draft trees run in the static loop only "
+                                          f"({where}; leave static at None)")
     return int(branching), int(depth)
 
 

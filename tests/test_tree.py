@@ -360,7 +360,6 @@ def test_greedy_tree_equals_ar(tree, window):
     (dict(tree=(0, 2), window=8), "K=0, D=2, W=8"),
     (dict(tree=(2, 0), window=8), "K=2, D=0, W=8"),
     (dict(tree=(2, 3), window=7), "7 draft nodes"),
-    (dict(tree=(2, 2), window=8, mode="csd"), "mode 'csd'"),
     (dict(tree=(2, 2), window=8, mode="gsd"), "mode 'gsd'"),
     (dict(tree=(2, 2), window=8, mode="ar"), "mode 'ar'"),
     (dict(tree=(2, 2), window=8, mode="jd"), "mode 'jd'"),
@@ -372,7 +371,7 @@ def test_greedy_tree_equals_ar(tree, window):
 def test_bad_tree_raises(four_codes, kw, words):
     from csd_kernels.decoding import generate
 
-    settings = dict(mode="sjd", static=True) | kw
+    settings = dict(mode="sjd") | kw
     with pytest.raises(ValueError, match="tree=") as err:
         generate(four_codes, torch.full((1, 1), 8), **settings)
     assert words in str(err.value)

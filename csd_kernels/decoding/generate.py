@@ -102,7 +102,7 @@ def generate(
     group_delta: float = DEFAULT_GROUP_DELTA,
     sync_timings: bool = False,
     max_lead: Optional[int] = None,
-    static: bool = False,
+    static: Optional[bool] = None,
     cuda_graph: Optional[bool] = None,
     compile: bool = False,
     tree: Optional[tuple] = None,
@@ -119,11 +119,12 @@ def generate(
     attributed to verify, where the loop waits for accept_len). max_lead: rows more than max_lead committed tokens
     ahead of the slowest row pause (None = one window); the tokens do not depend on it, only the pass counts do.
     static: the fixed-shape iteration on a per-row static KV cache, no host sync inside (same tokens and passes
-    at B = 1; every row its own window, so max_lead does not apply). cuda_graph (static only; None = on for CUDA):
-    capture one iteration in a CUDA graph and replay it. compile (static only): the iteration under
-    torch.compile(fullgraph=True). tree (K, D): a draft tree in every window (mode sjd, static=True, the maximal
-    coupling; docs/trees.md): K candidates per position at the first D positions, verified by recursive rejection
-    sampling; lossless.
+    at B = 1; every row its own window, so max_lead does not apply); None: static with a tree, eager without.
+    cuda_graph (static only; None = on for CUDA): capture one iteration in a CUDA graph and replay it. compile
+    (static only): the iteration under torch.compile(fullgraph=True). tree (K, D): a draft tree in every window
+    (mode sjd or csd, the static loop, the maximal coupling; docs/trees.md): K candidates per position at the first
+    D positions, verified by recursive rejection sampling; lossless with sjd, each token with chain csd's law with
+    csd.
     """
     batch = check_prompt(input_ids, prompt_embeds, attention_mask)
     coupling = check_generate(mode, coupling, window=window, cfg_scale=cfg_scale, temperature=temperature,
@@ -131,6 +132,7 @@ def generate(
                               tvd_threshold=tvd_threshold, draft_init=draft_init, group_rank=group_rank,
                               group_delta=group_delta, max_lead=max_lead)
     tree = check_tree(tree, mode, window, coupling, static)
+    static = tree is not None if static is None else static
     coupling = coupling or DEFAULT_COUPLING
     seeds = row_seeds(seed, batch)
     adapter = get_adapter(model)

@@ -40,7 +40,7 @@ class Settings:
     need_q: bool  # drafts carry their q (sampling modes with T > 0)
     top_p: Optional[float] = None
     min_p: Optional[float] = None
-    tree: Optional[tuple] = None  # (K, D): a draft tree in the window (static loop, sjd; decoding/tree.py)
+    tree: Optional[tuple] = None  # (K, D): a draft tree in the window (static loop, sjd or csd; decoding/tree.py)
 
 
 @dataclass

@@ -1,13 +1,15 @@
-"""One iteration of the static loop with a draft tree (``generate(..., tree=(K, D), static=True)``).
+"""One iteration of the static loop with a draft tree (``generate(..., tree=(K, D))``, sjd or csd).
 
 Every row feeds W inputs: x_{n-1} (the root) and the W - 1 draft nodes of reference.tree_layout(K, D, W) — the main
 chain (the drafts the loop keeps at n, n+1, ..) and, at each of the first D levels, the siblings of the Cartesian
 tree: K candidates per position, the main draft and K - 1 more drawn without replacement from the position's q by
-Gumbel-top-K on the tree stream. One forward call with the ancestor mask (``forward_tree``), then reference.tree_walk
-verifies the tree (recursive rejection sampling at every accepted node, the correction from the last residual, a
-draw from p below a leaf), the accepted path's keys and values move into place (``keep_path``), and the main chain
-after the stop draws the next drafts by the maximal coupling against its own p (reference.verify on the chain: the
-step stream, untouched by the walk), whose p is the next q. Verification runs the torch reference (docs/trees.md).
+Gumbel-top-K on the tree stream. One forward call with the ancestor mask (``forward_tree``), then one call of
+reference.verify_tree (the definition of the fused tree op: p at every slot, recursive rejection sampling at every
+accepted node, the main draft under the run's rule — strict for sjd, csd's relaxed test for csd — the correction
+from the last residual, a draw from p below a leaf, and H / TVD / distortion at the path nodes); the accepted path's
+keys and values move into place (``keep_path``), and the main chain after the stop draws the next drafts by the
+maximal coupling against its own p (reference.verify on the chain: the step stream, untouched by the walk), whose p
+is the next q (docs/trees.md).
 
 Shapes: B rows, W window slots, M main-chain draft nodes (W - 1 minus the siblings), V image tokens.
 """
@@ -53,14 +55,13 @@ def tree_step(adapter, run: Settings, state: StaticState, layout: ref.TreeLayout
     cond, uncond = adapter.forward_tree(inputs, n - 1, layout.depth.to(n.device), layout.ancestor.to(n.device))
     cond, uncond = cond.float(), (None if uncond is None else uncond.float())
 
-    target = ref.target_distribution(cond, uncond, run.cfg_scale, run.temperature, run.top_k, torch.float32,
-                                     run.top_p, run.min_p)
-    u_accept, u_sample = ref.tree_uniforms(run.seeds, state.attempts, n.shape[0], window)
-    walk = ref.tree_walk(target.p, nodes, q[:, :levels].float(), layout, u_accept, u_sample, target.support)
+    res = ref.verify_tree(cond, nodes, q[:, :levels].float(), layout, uncond_logits=uncond, cfg_scale=run.cfg_scale,
+                          temperature=run.temperature, top_k=run.top_k, top_p=run.top_p, min_p=run.min_p,
+                          rule="csd" if run.mode == "csd" else "strict", entropy_coef=run.entropy_coef,
+                          tvd_threshold=run.tvd_threshold, sibling_probs=None, seed=run.seeds, offset=state.attempts)
     chain = _chain_drafts(cond, uncond, main, q, run, state, levels)
-    adapter.keep_path(n - 1, torch.where(active[:, None], walk.path, -1))
-    _commit(state, run, walk, chain, target, q, grid_pos, current, active, win_end, levels)
-
+    adapter.keep_path(n - 1, torch.where(active[:, None], res.path, -1))
+    _commit(state, run, res, chain, grid_pos, current, active, win_end, levels)
 
 def _node_tokens(run: Settings, state: StaticState, layout: ref.TreeLayout, main, q) -> torch.Tensor:
     """[B, W] each slot's token: slot 0 unused (-1 here), the main draft or a sibling candidate of its level; no
@@ -91,25 +92,21 @@ def _chain_drafts(cond, uncond, main, q, run: Settings, state: StaticState, leve
                       offset=state.attempts, return_probs=True)
 
 
-def _commit(state: StaticState, run: Settings, walk: ref.TreeWalk, chain: ref.VerifyResult, target: ref.Target, q,
-            grid_pos, current, active, win_end, levels: int) -> None:
+def _commit(state: StaticState, run: Settings, res: ref.TreeResult, chain: ref.VerifyResult, grid_pos, current,
+            active, win_end, levels: int) -> None:
     """Active rows commit the path and the emitted token and keep the chain's next drafts (their p as q)."""
     n, window, batch = state.n, run.window, state.n.shape[0]
     slots = torch.arange(window, device=n.device)[None, :]
-    accept_len = walk.accept_len
+    accept_len = res.accept_len
     new_n = torch.where(active, torch.minimum(n + accept_len + 1, win_end), n)
-    index = slots.clamp(max=levels)
-    walked = walk.tokens.gather(1, index.expand(batch, -1))
-    later = chain.tokens.gather(1, index.expand(batch, -1))
+    index = slots.clamp(max=levels).expand(batch, -1)
+    walked = res.tokens.gather(1, index)
+    later = chain.tokens.gather(1, index)
     tokens = torch.where(slots <= accept_len[:, None], walked, torch.where(slots <= levels, later, current))
     state.seq.scatter_(1, grid_pos, torch.where(active[:, None], tokens, current))
 
-    rows = torch.arange(batch, device=n.device)[:, None]
-    parent = walk.path.clamp(min=0).gather(1, index.expand(batch, -1))  # [B, W] the slot above each emitted token
-    p_at = target.p[rows, parent]  # [B, W, V]
-    tvd = ref.total_variation(p_at, q.float())
-    stats = torch.stack([target.h[rows, parent], walk.accept_prob.gather(1, index.expand(batch, -1)),
-                         torch.zeros_like(tvd), tvd]).float()
+    # the stats of the path node that emits each token (verify_tree's, by depth)
+    stats = torch.stack([s.gather(1, index) for s in (res.entropy, res.accept_prob, res.distortion, res.tvd)]).float()
     newly = active[:, None] & (grid_pos < new_n[:, None])
     map_index = grid_pos[None].expand(4, -1, -1)
     state.maps.scatter_(2, map_index, torch.where(newly[None], stats, state.maps.gather(2, map_index)))
@@ -119,7 +116,7 @@ def _commit(state: StaticState, run: Settings, walk: ref.TreeWalk, chain: ref.Ve
         shift = ((new_n - n)[:, None] + slots).clamp(max=levels)
         fresh_q = chain.probs.gather(1, shift[..., None].expand(-1, -1, run.vocab))
         state.q_store.copy_(torch.where(active[:, None, None], fresh_q, state.q_store))
-    bad = (target.bad.any(-1) | chain.status.bool()).to(torch.int64) * ref.STATUS_BAD_LOGITS
+    bad = (res.status.bool() | chain.status.bool()).to(torch.int64) * ref.STATUS_BAD_LOGITS
     state.drafted.copy_(torch.where(active, torch.minimum(n + levels + 1, win_end), state.drafted))
     state.attempts.add_(active.to(torch.int64))
     state.status.copy_(torch.where(active, bad, 0) | state.status)

@@ -155,6 +155,24 @@ def _min_p_threshold(c_row, u_row, V, m, log_min_p, cfg_scale, inv_t, HAS_UNCOND
 
 
 @triton.jit
+def restriction_threshold(c_row, u_row, V, top_k, top_p, log_min_p, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr,
+                          TOP_K: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The order-key threshold of top-k, top-p (on what top-k kept) and min-p together (the lowest key without any).
+    Callers set the flags only with T > 0 and logits."""
+    thr = tl.full((), -2147483648, tl.int64)
+    if TOP_K:
+        thr = _top_k_threshold(c_row, u_row, V, top_k, cfg_scale, inv_t, HAS_UNCOND, BLOCK_V)
+    if TOP_P or MIN_P:
+        m0 = _max_sweep(c_row, u_row, V, cfg_scale, inv_t, HAS_UNCOND, BLOCK_V)
+        if TOP_P:
+            thr = _top_p_threshold(c_row, u_row, V, thr, m0, top_p, cfg_scale, inv_t, HAS_UNCOND, BLOCK_V)
+        if MIN_P:
+            thr = tl.maximum(thr, _min_p_threshold(c_row, u_row, V, m0, log_min_p, cfg_scale, inv_t, HAS_UNCOND,
+                                                   BLOCK_V))
+    return thr
+
+
+@triton.jit
 def _softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, pos, row_id, k0, k1, HAS_UNCOND: tl.constexpr,
                    GREEDY: tl.constexpr, TOP_K: tl.constexpr, WITH_GUMBEL: tl.constexpr, PROBS: tl.constexpr,
                    BLOCK_V: tl.constexpr):
@@ -296,16 +314,8 @@ def position_chunked_kernel(
                                                      offset_ptr + b * offset_stride, b, i, PER_ROW_SEED,
                                                      SEED_VALUE, OFFSET_VALUE)
 
-    thr = tl.full((), -2147483648, tl.int64)
-    if TOP_K:  # the launcher sets TOP_K only with T > 0
-        thr = _top_k_threshold(c_row, u_row, V, top_k, cfg_scale, inv_t, HAS_UNCOND, BLOCK_V)
-    if TOP_P or MIN_P:  # (only with T > 0 and logits) one key threshold for all three restrictions
-        m0 = _max_sweep(c_row, u_row, V, cfg_scale, inv_t, HAS_UNCOND, BLOCK_V)
-        if TOP_P:
-            thr = _top_p_threshold(c_row, u_row, V, thr, m0, top_p, cfg_scale, inv_t, HAS_UNCOND, BLOCK_V)
-        if MIN_P:
-            thr = tl.maximum(thr, _min_p_threshold(c_row, u_row, V, m0, log_min_p, cfg_scale, inv_t, HAS_UNCOND,
-                                                   BLOCK_V))
+    thr = restriction_threshold(c_row, u_row, V, top_k, top_p, log_min_p, cfg_scale, inv_t, HAS_UNCOND, TOP_K, TOP_P,
+                                MIN_P, BLOCK_V)
     RESTRICT: tl.constexpr = TOP_K or TOP_P or MIN_P
     bad, m, z_sum, amax, g_index = _softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, pos, row_id, k0, k1,
                                                   HAS_UNCOND, GREEDY, RESTRICT, COUPLING == GUMBEL, PROBS, BLOCK_V)
