@@ -72,7 +72,8 @@ CSD_HD float top_p_threshold(const float* z, const float* e, int64_t V, float to
   while (lo < hi) {
     const uint64_t mid = (lo + hi + 1) / 2;
     const uint32_t t = static_cast<uint32_t>(mid);
-    const float mass = static_cast<float>(ex.sum(V, [&](int64_t v) { return order_key_merged(z[v]) >= t ? e[v] : 0.0f; }));
+    const float mass =
+        static_cast<float>(ex.sum(V, [&](int64_t v) { return order_key_merged(z[v]) >= t ? e[v] : 0.0f; }));
     if (mass >= limit)
       lo = mid;
     else
@@ -125,7 +126,8 @@ CSD_HD NodeTarget node_target(const TreeProblem& P, const T* c, const T* u, floa
   ex.each(V, [&](int64_t v) { p[v] = k.kept(z[v]) ? expf(f_sub(z[v], k.m)) : 0.0f; });
   ex.barrier();
   const double zsum = ex.sum(V, [&](int64_t v) { return p[v]; });
-  const double ezsum = ex.sum(V, [&](int64_t v) { return p[v] > 0.0f ? static_cast<double>(p[v]) * (z[v] - k.m) : 0.0; });
+  const double ezsum =
+      ex.sum(V, [&](int64_t v) { return p[v] > 0.0f ? static_cast<double>(p[v]) * (z[v] - k.m) : 0.0; });
   n.h = entropy_from_sums(zsum, ezsum);
   const float scale = 1.0f / static_cast<float>(zsum);
   ex.each(V, [&](int64_t v) { p[v] = f_mul(p[v], scale); });
