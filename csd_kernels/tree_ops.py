@@ -215,11 +215,12 @@ def verify_tree(
     seed = _word_tensor(_philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64), device)
     offset = _word_tensor(_philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63), device)
     chosen = _select_tree_backend(backend, device)
-    tree = _layout(layout.branching, layout.depth_limit, slots, device)
-    args = (target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, tree.children, tree.depth,
-            layout.branching, layout.depth_limit, cfg_scale, temperature, top_k, top_p, min_p, rule_code,
-            entropy_coef, tvd_threshold, seed, offset)
-    if torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    tree = layout if compiling else _layout(layout.branching, layout.depth_limit, slots, device)  # eager: no copies
+    args = (target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, tree.children.to(device),
+            tree.depth.to(device), layout.branching, layout.depth_limit, cfg_scale, temperature, top_k, top_p, min_p,
+            rule_code, entropy_coef, tvd_threshold, seed, offset)
+    if compiling:
         outputs = _verify_tree_op(*args, chosen)  # the registered op: traced through its fake implementation
     else:  # eager: the same implementation without the dispatcher's per-call cost
         with torch.no_grad():
