@@ -3,6 +3,7 @@
 # stage is reported and the next one still runs:
 #   build      the extension with CUDA (sm_90) against the machine's own torch
 #   tests      tests/test_gpu.py (reference agreement, CPU/GPU agreement, no host sync, CUDA graph replay)
+#   tree       tests/test_verify_tree.py on CUDA tensors: the cuda and triton tree backends against the reference
 #   agreement  token agreement Triton vs CUDA vs C++ CPU over 2^20 positions at V=4096, Triton vs CUDA at V=16384
 #   timing     CUDA-graph device time per call against read-once and the HBM floor (benchmarks/gpu_timing.py)
 #   bench      the verify benchmark (benchmarks/bench_verify.py: wall time, vs the authors' loop)
@@ -18,7 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-benchmarks/results/gpu}"
 shift || true
-stages="${*:-build tests agreement timing bench host sanitize loop_tokens loop_syncs loop_speed}"
+stages="${*:-build tests tree agreement timing bench host sanitize loop_tokens loop_syncs loop_speed}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 failed=()
@@ -59,6 +60,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torc
 run_stage build 300 env CSD_KERNELS_CUDA=1 CSD_KERNELS_CUDA_ARCH="9.0" MAX_JOBS=16 python3 setup.py -q build_ext --inplace
 python3 -c "import csd_kernels as ck; print('backends on cuda:', ck.available_backends('cuda'))"
 run_stage tests 300 gpu_tests
+run_stage tree 120 python3 -m pytest -q -rfE --tb=short tests/test_verify_tree.py -k "cuda or triton" -p no:cacheprovider
 run_stage agreement 180 agreement
 run_stage timing 240 python3 benchmarks/gpu_timing.py --sweep --out "$out"
 run_stage bench 180 python3 benchmarks/bench_verify.py --device cuda --out "$out"

@@ -20,6 +20,7 @@ constexpr uint32_t kPhiloxW0 = 0x9E3779B9u;
 constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;
 constexpr int kPhiloxRounds = 10;
 constexpr uint32_t kGumbelStreamTag = 0x80000000u;
+constexpr uint32_t kTreeStreamTag = 0xC0000000u;  // word 3 of the tree stream (reference.TREE_STREAM_TAG)
 
 struct Philox4 {
   uint32_t x[4];
@@ -105,6 +106,13 @@ CSD_HD Philox4 gumbel_bits(const RowKey& key, uint32_t pos, uint32_t group) {
 CSD_HD float gumbel_uniform(const RowKey& key, uint32_t pos, int64_t token) {
   const Philox4 r = gumbel_bits(key, pos, static_cast<uint32_t>(static_cast<uint64_t>(token) >> 2));
   return uniform_from_bits(r.x[token & 3]);
+}
+
+// Tree stream (reference.tree_uniforms): counter (slot, 2^31, offset_lo, TAG | row_id), keyed by the row's attempt
+// count; lane 0 -> u_accept (tests the candidate at `slot`), lane 1 -> u_sample (the token emitted below `slot`).
+CSD_HD Philox4 tree_bits(const RowKey& key, uint32_t slot, int64_t offset) {
+  const uint32_t off_lo = static_cast<uint32_t>(static_cast<uint64_t>(offset));
+  return philox4x32_10(slot, 0x80000000u, off_lo, kTreeStreamTag | (key.row_id & 0x3FFFFFFFu), key.k0, key.k1);
 }
 
 }  // namespace csd

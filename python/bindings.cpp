@@ -4,6 +4,8 @@
 // * torch.ops.csd_kernels.verify_rows: schema below, CPU implementation in csrc/cpu/verify.cpp and (CUDA builds,
 //   -DCSD_WITH_CUDA) CUDA implementation in csrc/cuda/verify_glue.cpp. The Python fake (meta) implementation and
 //   the user-facing wrapper are registered on the Python side.
+// * torch.ops.csd_kernels.verify_tree_rows: the fused tree verification (csrc/tree_row.h), CPU implementation in
+//   csrc/cpu/verify_tree.cpp, CUDA in csrc/cuda/tree_glue.cpp; wrapper and fake in csd_kernels/tree_ops.py.
 #include <ATen/ATen.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -13,6 +15,7 @@
 #include <string>
 
 #include "../csrc/philox.h"
+#include "../csrc/tree_glue.h"
 #include "../csrc/verify_glue.h"
 
 namespace {
@@ -146,10 +149,21 @@ TORCH_LIBRARY(csd_kernels, m) {
       "Tensor start, int coupling, Tensor positions, Tensor seed, Tensor offset, bool return_probs, "
       "float top_p=1.0, float min_p=0.0, bool target_is_probs=False) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "verify_tree_rows(Tensor target_logits, Tensor? uncond_logits, Tensor node_tokens, Tensor draft_probs, "
+      "Tensor? sibling_probs, Tensor children, float cfg_scale, float temperature, int top_k, float top_p, "
+      "float min_p, int rule, float entropy_coef, float tvd_threshold, Tensor seed, Tensor offset) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(csd_kernels, CPU, m) { m.impl("verify_rows", &csd::verify_rows_cpu); }
+TORCH_LIBRARY_IMPL(csd_kernels, CPU, m) {
+  m.impl("verify_rows", &csd::verify_rows_cpu);
+  m.impl("verify_tree_rows", &csd::verify_tree_rows_cpu);
+}
 
 #ifdef CSD_WITH_CUDA
-TORCH_LIBRARY_IMPL(csd_kernels, CUDA, m) { m.impl("verify_rows", &csd::verify_rows_cuda); }
+TORCH_LIBRARY_IMPL(csd_kernels, CUDA, m) {
+  m.impl("verify_rows", &csd::verify_rows_cuda);
+  m.impl("verify_tree_rows", &csd::verify_tree_rows_cuda);
+}
 #endif

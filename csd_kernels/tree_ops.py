@@ -1,0 +1,265 @@
+"""The public ``verify_tree`` op: argument checks, the ``torch.library`` registration, and backend dispatch.
+
+``csd_kernels::verify_tree`` is one custom op (schema + fake, so ``torch.compile(fullgraph=True)`` sees through it)
+whose ``backend`` argument names the implementation: ``torch`` (reference.verify_tree, the definition), ``triton``
+(csd_kernels.triton_tree), ``cpu`` / ``cuda`` (the compiled ``csd_kernels::verify_tree_rows``, csrc/tree_row.h,
+whose fake is registered here too). See docs/trees.md, "The fused op".
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional
+
+import torch
+
+from . import reference as ref
+from .dispatch import ENV_BACKEND, available_backends, compiled_extension, select_backend
+from .ops import SeedLike, _check_device, _check_logits, _check_nucleus, _check_scalars, _philox_word, _word_tensor
+
+__all__ = ["TreeResult", "verify_tree"]
+
+TreeResult = ref.TreeResult
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Backends behind one op (the positional contract of csd_kernels.triton_tree.verify_tree_triton)
+# ----------------------------------------------------------------------------------------------------------------------
+def _torch_backend(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching,
+                   depth_limit, cfg_scale, temperature, top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed,
+                   offset):
+    layout = _layout(branching, depth_limit, target_logits.shape[1], target_logits.device)
+    out = ref.verify_tree(target_logits, node_tokens, draft_probs, layout, uncond_logits=uncond_logits,
+                          cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None,
+                          top_p=top_p if top_p < 1.0 else None, min_p=min_p or None, rule=ref.RULES[rule],
+                          entropy_coef=entropy_coef, tvd_threshold=tvd_threshold, sibling_probs=sibling_probs,
+                          seed=seed, offset=offset)
+    return (out.accept_len, out.path, out.tokens, out.accept_prob.float(), out.entropy.float(), out.tvd.float(),
+            out.distortion.float(), out.status)
+
+
+def _triton_backend(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching,
+                    depth_limit, *scalars):
+    from .triton_tree import verify_tree_triton  # optional module (triton), imported on first use
+
+    uncond = None if uncond_logits is None else uncond_logits.contiguous()
+    return verify_tree_triton(target_logits.contiguous(), uncond, node_tokens, draft_probs, sibling_probs, children,
+                              depth, *scalars)
+
+
+def _compiled_backend(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth,
+                      branching, depth_limit, cfg_scale, temperature, top_k, top_p, min_p, rule, entropy_coef,
+                      tvd_threshold, seed, offset):
+    return tuple(torch.ops.csd_kernels.verify_tree_rows(
+        target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, cfg_scale, temperature,
+        top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed, offset))
+
+
+_BACKEND_FUNCTIONS = {"torch": _torch_backend, "triton": _triton_backend, "cpu": _compiled_backend,
+                      "cuda": _compiled_backend}
+
+
+@functools.lru_cache(maxsize=32)
+def _layout(branching: int, depth_limit: int, slots: int, device: torch.device) -> ref.TreeLayout:
+    """reference.tree_layout(K, D, S) with its tensors on ``device``, made once (no copy per call)."""
+    layout = ref.tree_layout(branching, depth_limit, slots)
+    moved = {name: getattr(layout, name).to(device) for name in ("parent", "depth", "rank", "children", "main",
+                                                                  "ancestor")}
+    return ref.TreeLayout(branching, depth_limit, **moved)
+
+
+@torch.library.custom_op("csd_kernels::verify_tree", mutates_args=())
+def _verify_tree_op(
+    target_logits: torch.Tensor,
+    uncond_logits: Optional[torch.Tensor],
+    node_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    sibling_probs: Optional[torch.Tensor],
+    children: torch.Tensor,
+    depth: torch.Tensor,
+    branching: int,
+    depth_limit: int,
+    cfg_scale: float,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    rule: int,
+    entropy_coef: float,
+    tvd_threshold: float,
+    seed: torch.Tensor,
+    offset: torch.Tensor,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,  # the 8 fields of TreeResult, in order
+           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    outputs = _BACKEND_FUNCTIONS[backend](
+        target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching,
+        depth_limit, cfg_scale, temperature, top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed, offset)
+    return tuple(outputs)
+
+
+def _fake_outputs(target_logits: torch.Tensor, draft_probs: torch.Tensor):
+    batch, nodes = target_logits.shape[0], draft_probs.shape[1] + 1
+    per_node = lambda dtype: target_logits.new_empty((batch, nodes), dtype=dtype)  # noqa: E731
+    return (target_logits.new_empty((batch,), dtype=torch.int64), per_node(torch.int64), per_node(torch.int64),
+            per_node(torch.float32), per_node(torch.float32), per_node(torch.float32), per_node(torch.float32),
+            target_logits.new_empty((batch,), dtype=torch.int32))
+
+
+@_verify_tree_op.register_fake
+def _(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching, depth_limit,
+      cfg_scale, temperature, top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed, offset, backend):
+    return _fake_outputs(target_logits, draft_probs)
+
+
+def _has_compiled_tree() -> bool:
+    return compiled_extension() is not None and hasattr(torch.ops.csd_kernels, "verify_tree_rows")
+
+
+if _has_compiled_tree():
+
+    @torch.library.register_fake("csd_kernels::verify_tree_rows")
+    def _(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, cfg_scale, temperature,
+          top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed, offset):
+        return _fake_outputs(target_logits, draft_probs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Which backend: verify's choice, limited to the backends that have a tree verification here
+# ----------------------------------------------------------------------------------------------------------------------
+def _tree_support(name: str) -> tuple[bool, str]:
+    if name in ("cpu", "cuda") and not _has_compiled_tree():
+        return False, ("csd_kernels._C has no verify_tree_rows (built before the tree op); rebuild it with "
+                       "`pip install --no-build-isolation -e .`")
+    if name == "triton":
+        try:
+            import csd_kernels.triton_tree  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - any import failure means "not available", with the reason kept
+            return False, f"csd_kernels.triton_tree could not be imported ({exc})"
+    return True, ""
+
+
+@functools.lru_cache(maxsize=None)
+def _first_tree_backend(device: torch.device) -> str:
+    return next(name for name in available_backends(device) + ["torch"] if _tree_support(name)[0])
+
+
+@torch.compiler.assume_constant_result  # evaluated eagerly under torch.compile: imports are not traceable
+def _select_tree_backend(requested: Optional[str], device: torch.device) -> str:
+    if requested is None and not os.environ.get(ENV_BACKEND):
+        return _first_tree_backend(device)
+    chosen = select_backend(requested, device)
+    ok, reason = _tree_support(chosen)
+    if not ok:
+        raise RuntimeError(f"backend={chosen!r} cannot verify trees here: {reason}")
+    return chosen
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The public op
+# ----------------------------------------------------------------------------------------------------------------------
+def verify_tree(
+    target_logits: torch.Tensor,
+    node_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    layout: ref.TreeLayout,
+    *,
+    uncond_logits: Optional[torch.Tensor] = None,
+    cfg_scale: float = 1.0,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    min_p: Optional[float] = None,
+    rule: str = "strict",
+    entropy_coef: float = 0.5,
+    tvd_threshold: float = 0.65,
+    sibling_probs: Optional[torch.Tensor] = None,
+    seed: SeedLike,
+    offset: SeedLike,
+    backend: Optional[str] = None,
+) -> TreeResult:
+    """Verify a window of draft trees in one pass over the tree's unique nodes (reference.verify_tree defines it).
+
+    From the root, p is computed at each visited node (CFG, temperature, top-k / top-p / min-p as in verify), its
+    children are tested in rank order by recursive rejection sampling (the main draft by ``rule``, siblings strictly
+    against ``sibling_probs``, the law they were drawn from; default draft_probs), the first accepted child is the next
+    node, and when none is, a token is drawn from the last residual. The uniforms come from the tree stream
+    (reference.tree_uniforms) keyed by ``seed`` and ``offset`` (the row's attempt count).
+    A node token outside [-1, V) is a missing candidate and sets STATUS_BAD_DRAFT_TOKEN in ``status``; a visited node
+    with bad logits (NaN, +inf, no finite logit) sets STATUS_BAD_LOGITS. Never syncs with the host.
+
+    Shape: target_logits, uncond_logits [B, S, V] float32/bfloat16/float16 (S = the layout's slots); node_tokens
+    [B, S] integer (slot 0 unused, -1: missing); draft_probs, sibling_probs [B, M, V] float32 (M = layout.levels);
+    seed an int in [0, 2^64) or int64 tensor of 1 or B elements, offset an int in [0, 2^63) or int64 tensor of 1 or
+    B elements. Returns TreeResult: accept_len [B] int64, path, tokens [B, M + 1] int64, accept_prob, entropy, tvd,
+    distortion [B, M + 1] float32, status [B] int32.
+    """
+    target_logits = _check_logits("target_logits", target_logits)
+    batch, slots, vocab = target_logits.shape
+    device = target_logits.device
+    levels = _check_layout(layout, slots)
+    node_tokens, status_in = _check_node_tokens(node_tokens, batch, slots, vocab, device)
+    draft_probs = _check_probs("draft_probs", draft_probs, (batch, levels, vocab), device)
+    if sibling_probs is not None:
+        sibling_probs = _check_probs("sibling_probs", sibling_probs, (batch, levels, vocab), device)
+    if uncond_logits is not None:
+        uncond_logits = _check_logits("uncond_logits", uncond_logits, (batch, slots, vocab))
+        _check_device("uncond_logits", uncond_logits, device)
+        if uncond_logits.dtype != target_logits.dtype:
+            raise ValueError(f"uncond_logits must have the dtype of target_logits ({target_logits.dtype}), got "
+                             f"{uncond_logits.dtype}")
+    cfg_scale, temperature, top_k, rule_code, entropy_coef, tvd_threshold, _ = _check_scalars(
+        uncond_logits is not None, cfg_scale, temperature, top_k, rule, entropy_coef, tvd_threshold, "independent")
+    top_p, min_p = _check_nucleus(top_p, min_p)
+    seed = _word_tensor(_philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64), device)
+    offset = _word_tensor(_philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63), device)
+    chosen = _select_tree_backend(backend, device)
+    compiling = torch.compiler.is_compiling()
+    tree = layout if compiling else _layout(layout.branching, layout.depth_limit, slots, device)  # eager: no copies
+    args = (target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, tree.children.to(device),
+            tree.depth.to(device), layout.branching, layout.depth_limit, cfg_scale, temperature, top_k, top_p, min_p,
+            rule_code, entropy_coef, tvd_threshold, seed, offset)
+    if compiling:
+        outputs = _verify_tree_op(*args, chosen)  # the registered op: traced through its fake implementation
+    else:  # eager: the same implementation without the dispatcher's per-call cost
+        with torch.no_grad():
+            outputs = _BACKEND_FUNCTIONS[chosen](*args)
+    result = TreeResult(*outputs)
+    result.status = result.status | status_in
+    return result
+
+
+def _check_layout(layout, slots: int) -> int:
+    """The layout's draft levels M; the layout must be reference.tree_layout(K, D, S) for these S slots."""
+    if not isinstance(layout, ref.TreeLayout):
+        raise ValueError(f"layout must be a reference.TreeLayout (reference.tree_layout(K, D, S)), got "
+                         f"{type(layout).__name__}")
+    if layout.children.shape[0] != slots:
+        raise ValueError(f"layout has {layout.children.shape[0]} slots but target_logits has S = {slots}")
+    return layout.levels
+
+
+def _check_node_tokens(node_tokens, batch: int, slots: int, vocab: int, device) -> tuple:
+    """(node_tokens as int64 with tokens outside [-1, V) set to -1, their STATUS_BAD_DRAFT_TOKEN bits [B] int32)."""
+    if not isinstance(node_tokens, torch.Tensor) or node_tokens.dtype.is_floating_point or node_tokens.dtype in (
+            torch.bool, torch.complex64, torch.complex128):
+        got = getattr(node_tokens, "dtype", type(node_tokens).__name__)
+        raise ValueError(f"node_tokens must be an integer tensor, got {got}")
+    if node_tokens.shape != (batch, slots):
+        raise ValueError(f"node_tokens must have shape [B, S] = {(batch, slots)}, got {tuple(node_tokens.shape)}")
+    _check_device("node_tokens", node_tokens, device)
+    tokens = node_tokens.to(torch.int64)
+    bad = (tokens < -1) | (tokens >= vocab)
+    bad[:, 0] = False  # slot 0 (the root) is not a candidate
+    status = bad.any(1).to(torch.int32) * ref.STATUS_BAD_DRAFT_TOKEN
+    return tokens.masked_fill(bad, -1), status
+
+
+def _check_probs(name: str, probs, shape: tuple, device) -> torch.Tensor:
+    if not isinstance(probs, torch.Tensor) or probs.dtype != torch.float32:
+        raise ValueError(f"{name} must be a float32 tensor, got {getattr(probs, 'dtype', type(probs).__name__)}")
+    if probs.shape != shape:
+        raise ValueError(f"{name} must have shape [B, M, V] = {shape} (M = layout.levels), got {tuple(probs.shape)}")
+    _check_device(name, probs, device)
+    return probs.contiguous()

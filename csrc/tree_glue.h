@@ -1,0 +1,180 @@
+// Torch glue shared by the CPU and CUDA entry points of torch.ops.csd_kernels.verify_tree_rows: argument checks, the
+// outputs, the per-row scratch and the raw TreeProblem. Header only (included by csrc/cpu/verify_tree.cpp and
+// csrc/cuda/tree_glue.cpp). The user-facing checks (ValueError naming the argument) are csd_kernels/tree_ops.py's.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "tree_row.h"
+
+namespace csd {
+
+// The eight tensors of reference.TreeResult, in its order.
+using TreeTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                             at::Tensor>;
+
+#define CSD_VERIFY_TREE_ROWS_SIGNATURE(NAME)                                                                       \
+  TreeTuple NAME(const at::Tensor& target_logits, const std::optional<at::Tensor>& uncond_logits,                  \
+                 const at::Tensor& node_tokens, const at::Tensor& draft_probs,                                     \
+                 const std::optional<at::Tensor>& sibling_probs, const at::Tensor& children, double cfg_scale,     \
+                 double temperature, int64_t top_k, double top_p, double min_p, int64_t rule, double entropy_coef, \
+                 double tvd_threshold, const at::Tensor& seed, const at::Tensor& offset)
+
+CSD_VERIFY_TREE_ROWS_SIGNATURE(verify_tree_rows_cpu);
+#ifdef CSD_WITH_CUDA
+CSD_VERIFY_TREE_ROWS_SIGNATURE(verify_tree_rows_cuda);
+#endif
+
+// Everything a kernel call needs: the outputs, contiguous inputs and the scratch (tensors, so the raw pointers in
+// `problem` stay valid as long as this object lives).
+struct PreparedTree {
+  at::Tensor accept_len, path, tokens, accept_prob, entropy, tvd, distortion, status;
+  at::Tensor node_tokens, draft_probs, sibling_probs, children, seed, offset, workspace;
+  TreeProblem problem;
+  TreeTuple as_tuple() const { return {accept_len, path, tokens, accept_prob, entropy, tvd, distortion, status}; }
+};
+
+inline int tree_logit_dtype(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return kLogitF32;
+    case at::kHalf:
+      return kLogitF16;
+    case at::kBFloat16:
+      return kLogitBF16;
+    default:
+      TORCH_CHECK(false, "csd_kernels.verify_tree_rows: target_logits must be float32, float16 or bfloat16, got ",
+                  t.scalar_type());
+  }
+  return -1;
+}
+
+inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std::optional<at::Tensor>& uncond_logits,
+                                      const at::Tensor& node_tokens, const at::Tensor& draft_probs,
+                                      const std::optional<at::Tensor>& sibling_probs, const at::Tensor& children,
+                                      double cfg_scale, double temperature, int64_t top_k, double top_p, double min_p,
+                                      int64_t rule, double entropy_coef, double tvd_threshold, const at::Tensor& seed,
+                                      const at::Tensor& offset) {
+  const char* op = "csd_kernels.verify_tree_rows: ";
+  TORCH_CHECK(target_logits.dim() == 3, op, "target_logits must be [B, S, V], got ", target_logits.sizes());
+  const int64_t B = target_logits.size(0), S = target_logits.size(1), V = target_logits.size(2);
+  TORCH_CHECK(V >= 1 && S >= 1, op, "target_logits must have S >= 1 slots and V >= 1 tokens");
+  TORCH_CHECK(V <= (int64_t(1) << 31) - 1, op, "vocabularies >= 2^31 are not supported");
+  TORCH_CHECK(V == 1 || target_logits.stride(2) == 1, op, "target_logits must have a unit stride on its last dim");
+  const at::Device device = target_logits.device();
+  auto on_device = [&](const at::Tensor& t, const char* name) {
+    TORCH_CHECK(t.device() == device, op, name, " must be on ", device, " like target_logits, got ", t.device());
+  };
+  TORCH_CHECK(draft_probs.dim() == 3 && draft_probs.size(0) == B && draft_probs.size(2) == V &&
+                  draft_probs.size(1) >= 1,
+              op, "draft_probs must be [B, M, V] with M >= 1, got ", draft_probs.sizes());
+  TORCH_CHECK(draft_probs.scalar_type() == at::kFloat, op, "draft_probs must be float32");
+  on_device(draft_probs, "draft_probs");
+  const int64_t M = draft_probs.size(1);
+  TORCH_CHECK(children.dim() == 2 && children.size(0) == S && children.size(1) >= 1 &&
+                  children.scalar_type() == at::kLong,
+              op, "children must be int64 [S, K] with S = ", S, ", got ", children.scalar_type(), " ",
+              children.sizes());
+  on_device(children, "children");
+  const int64_t K = children.size(1);
+  TORCH_CHECK(node_tokens.dim() == 2 && node_tokens.size(0) == B && node_tokens.size(1) == S &&
+                  node_tokens.scalar_type() == at::kLong,
+              op, "node_tokens must be int64 [B, S], got ", node_tokens.scalar_type(), " ", node_tokens.sizes());
+  on_device(node_tokens, "node_tokens");
+  if (sibling_probs.has_value()) {
+    TORCH_CHECK(sibling_probs->sizes() == draft_probs.sizes() && sibling_probs->scalar_type() == at::kFloat, op,
+                "sibling_probs must be float32 like draft_probs ", draft_probs.sizes(), ", got ",
+                sibling_probs->sizes());
+    on_device(*sibling_probs, "sibling_probs");
+  }
+  if (uncond_logits.has_value()) {
+    TORCH_CHECK(uncond_logits->sizes() == target_logits.sizes() &&
+                    uncond_logits->scalar_type() == target_logits.scalar_type(),
+                op, "uncond_logits must have the shape and dtype of target_logits");
+    TORCH_CHECK(V == 1 || uncond_logits->stride(2) == 1, op, "uncond_logits must have a unit stride on its last dim");
+    on_device(*uncond_logits, "uncond_logits");
+  }
+  for (auto pr : {std::make_pair(&seed, "seed"), std::make_pair(&offset, "offset")}) {
+    on_device(*pr.first, pr.second);
+    TORCH_CHECK(pr.first->scalar_type() == at::kLong && (pr.first->numel() == 1 || pr.first->numel() == B), op,
+                pr.second, " must be int64 [1] or [B], got ", pr.first->scalar_type(), " ", pr.first->sizes());
+  }
+  TORCH_CHECK(rule == kRuleStrict || rule == kRuleCsd, op, "rule must be 0 (strict) or 1 (csd), got ", rule);
+  TORCH_CHECK(temperature >= 0.0, op, "temperature must be >= 0, got ", temperature);
+  TORCH_CHECK(top_k >= 0, op, "top_k must be >= 0 (0 = no restriction), got ", top_k);
+  TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, op, "top_p must lie in (0, 1] (1 = no restriction), got ", top_p);
+  TORCH_CHECK(min_p >= 0.0 && min_p <= 1.0, op, "min_p must lie in [0, 1] (0 = no restriction), got ", min_p);
+
+  PreparedTree c;
+  const at::TensorOptions base = target_logits.options();
+  const auto f32 = base.dtype(at::kFloat), i64 = base.dtype(at::kLong);
+  c.accept_len = at::empty({B}, i64);
+  c.path = at::empty({B, M + 1}, i64);
+  c.tokens = at::empty({B, M + 1}, i64);
+  c.accept_prob = at::empty({B, M + 1}, f32);
+  c.entropy = at::empty({B, M + 1}, f32);
+  c.tvd = at::empty({B, M + 1}, f32);
+  c.distortion = at::empty({B, M + 1}, f32);
+  c.status = at::empty({B}, base.dtype(at::kInt));
+  c.node_tokens = node_tokens.contiguous();
+  c.draft_probs = draft_probs.contiguous();
+  if (sibling_probs.has_value()) c.sibling_probs = sibling_probs->contiguous();
+  c.children = children.contiguous();
+  c.seed = seed.contiguous();
+  c.offset = offset.contiguous();
+  c.workspace = at::empty({B, 3, V}, f32);
+
+  TreeProblem& P = c.problem;
+  P.B = B;
+  P.S = S;
+  P.M = M;
+  P.K = K;
+  VerifyParams& prm = P.prm;
+  prm.vocab = V;
+  prm.has_uncond = uncond_logits.has_value() ? 1 : 0;
+  prm.cfg_scale = static_cast<float>(cfg_scale);
+  prm.greedy = temperature == 0.0 ? 1 : 0;
+  prm.inv_temperature = temperature > 0.0 ? static_cast<float>(1.0 / temperature) : 1.0f;
+  prm.top_k = (top_k > 0 && top_k < V) ? top_k : 0;
+  prm.rule = static_cast<int>(rule);
+  prm.entropy_coef = static_cast<float>(entropy_coef);
+  prm.tvd_threshold = static_cast<float>(tvd_threshold);
+  prm.coupling = kCouplingIndependent;
+  prm.top_p = static_cast<float>(top_p);
+  prm.log_min_p = min_p > 0.0 ? static_cast<float>(std::log(min_p)) : -std::numeric_limits<float>::infinity();
+  prm.probs_input = 0;
+  prm.prob_sum_tolerance = kProbSumTolerance;
+  P.logit_dtype = tree_logit_dtype(target_logits);
+  P.logits = target_logits.data_ptr();
+  P.lg_sB = target_logits.stride(0);
+  P.lg_sS = target_logits.stride(1);
+  P.uncond = uncond_logits.has_value() ? uncond_logits->data_ptr() : nullptr;
+  P.un_sB = uncond_logits.has_value() ? uncond_logits->stride(0) : 0;
+  P.un_sS = uncond_logits.has_value() ? uncond_logits->stride(1) : 0;
+  P.node_tokens = c.node_tokens.data_ptr<int64_t>();
+  P.draft_probs = c.draft_probs.data_ptr<float>();
+  P.sibling_probs = sibling_probs.has_value() ? c.sibling_probs.data_ptr<float>() : nullptr;
+  P.children = c.children.data_ptr<int64_t>();
+  P.seed = c.seed.data_ptr<int64_t>();
+  P.n_seed = c.seed.numel();
+  P.offset = c.offset.data_ptr<int64_t>();
+  P.n_offset = c.offset.numel();
+  P.workspace = c.workspace.data_ptr<float>();
+  P.accept_len = c.accept_len.data_ptr<int64_t>();
+  P.path = c.path.data_ptr<int64_t>();
+  P.tokens = c.tokens.data_ptr<int64_t>();
+  P.accept_prob = c.accept_prob.data_ptr<float>();
+  P.entropy = c.entropy.data_ptr<float>();
+  P.tvd = c.tvd.data_ptr<float>();
+  P.distortion = c.distortion.data_ptr<float>();
+  P.status = c.status.data_ptr<int32_t>();
+  return c;
+}
+
+}  // namespace csd
