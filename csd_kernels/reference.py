@@ -623,6 +623,12 @@ class TreeLayout:
         """Draft levels (= the main chain's draft nodes M)."""
         return self.main.numel() - 1
 
+    def to(self, device) -> "TreeLayout":
+        """The same layout with its tensors on ``device``."""
+        moved = {name: getattr(self, name).to(device) for name in ("parent", "depth", "rank", "children", "main",
+                                                                    "ancestor")}
+        return TreeLayout(self.branching, self.depth_limit, **moved)
+
 
 def tree_nodes(branching: int, depth: int) -> int:
     """(K^D − 1)/(K − 1): the draft nodes of a full K-ary tree of D levels (D when K = 1)."""

@@ -29,7 +29,7 @@ TreeResult = ref.TreeResult
 def _torch_backend(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching,
                    depth_limit, cfg_scale, temperature, top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed,
                    offset):
-    layout = _layout(branching, depth_limit, target_logits.shape[1], target_logits.device)
+    layout = device_layout(branching, depth_limit, target_logits.shape[1], target_logits.device)
     out = ref.verify_tree(target_logits, node_tokens, draft_probs, layout, uncond_logits=uncond_logits,
                           cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None,
                           top_p=top_p if top_p < 1.0 else None, min_p=min_p or None, rule=ref.RULES[rule],
@@ -61,12 +61,10 @@ _BACKEND_FUNCTIONS = {"torch": _torch_backend, "triton": _triton_backend, "cpu":
 
 
 @functools.lru_cache(maxsize=32)
-def _layout(branching: int, depth_limit: int, slots: int, device: torch.device) -> ref.TreeLayout:
-    """reference.tree_layout(K, D, S) with its tensors on ``device``, made once (no copy per call)."""
-    layout = ref.tree_layout(branching, depth_limit, slots)
-    moved = {name: getattr(layout, name).to(device) for name in ("parent", "depth", "rank", "children", "main",
-                                                                  "ancestor")}
-    return ref.TreeLayout(branching, depth_limit, **moved)
+def device_layout(branching: int, depth_limit: int, slots: int, device: torch.device) -> ref.TreeLayout:
+    """reference.tree_layout(K, D, S) with its tensors on ``device``, made once (no copy per call; the decoding loop
+    binds this same object, so its first iteration does what the others do)."""
+    return ref.tree_layout(branching, depth_limit, slots).to(device)
 
 
 @torch.library.custom_op("csd_kernels::verify_tree", mutates_args=())
@@ -216,7 +214,8 @@ def verify_tree(
     offset = _word_tensor(_philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63), device)
     chosen = _select_tree_backend(backend, device)
     compiling = torch.compiler.is_compiling()
-    tree = layout if compiling else _layout(layout.branching, layout.depth_limit, slots, device)  # eager: no copies
+    on_device = layout.children.device == device
+    tree = layout if compiling or on_device else device_layout(layout.branching, layout.depth_limit, slots, device)
     args = (target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, tree.children.to(device),
             tree.depth.to(device), layout.branching, layout.depth_limit, cfg_scale, temperature, top_k, top_p, min_p,
             rule_code, entropy_coef, tvd_threshold, seed, offset)

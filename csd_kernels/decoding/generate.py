@@ -23,6 +23,7 @@ from .. import reference as ref
 from ..grouped import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
 from ..models import get_adapter
 from ..models.protocol import is_static_adapter, is_tree_adapter
+from ..tree_ops import device_layout
 from ..validation import (
     DRAFT_INITS,
     MODES,
@@ -180,7 +181,7 @@ def _generate_static(adapter, run: Settings, batch: int, prefill_passes: int, cl
     state = StaticState.empty(batch, run.total, run.window, run.vocab, run.need_q, adapter.device)
     iteration = None
     if run.tree is not None:
-        iteration = functools.partial(tree_step, layout=ref.tree_layout(*run.tree, run.window))
+        iteration = functools.partial(tree_step, layout=device_layout(*run.tree, run.window, adapter.device))
     loop = StaticLoop(adapter, run, state, cuda_graph=cuda_graph, compile=compile, iteration=iteration)
     bar = _progress_bar(progress, run.total, run.mode)
     clock.time("loop", lambda: loop.run(bar))

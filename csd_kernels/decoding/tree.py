@@ -4,12 +4,12 @@ Every row feeds W inputs: x_{n-1} (the root) and the W - 1 draft nodes of refere
 chain (the drafts the loop keeps at n, n+1, ..) and, at each of the first D levels, the siblings of the Cartesian
 tree: K candidates per position, the main draft and K - 1 more drawn without replacement from the position's q by
 Gumbel-top-K on the tree stream. One forward call with the ancestor mask (``forward_tree``), then one call of
-reference.verify_tree (the definition of the fused tree op: p at every slot, recursive rejection sampling at every
-accepted node, the main draft under the run's rule — strict for sjd, csd's relaxed test for csd — the correction
-from the last residual, a draw from p below a leaf, and H / TVD / distortion at the path nodes); the accepted path's
-keys and values move into place (``keep_path``), and the main chain after the stop draws the next drafts by the
-maximal coupling against its own p (reference.verify on the chain: the step stream, untouched by the walk), whose p
-is the next q (docs/trees.md).
+the fused op ck.verify_tree (reference.verify_tree defines it: p at the visited nodes, recursive rejection sampling
+at every accepted node, the main draft under the run's rule — strict for sjd, csd's relaxed test for csd — the
+correction from the last residual, a draw from p below a leaf, and H / TVD / distortion at the path nodes); the
+accepted path's keys and values move into place (``keep_path``), and the main chain after the stop draws the next
+drafts by the maximal coupling against its own p (ck.verify on the chain: the step stream, untouched by the walk),
+whose p is the next q (docs/trees.md).
 
 Shapes: B rows, W window slots, M main-chain draft nodes (W - 1 minus the siblings), V image tokens.
 """
@@ -20,6 +20,8 @@ import torch
 
 from .. import reference as ref
 from ..drafts import random_draft_tokens
+from ..ops import verify
+from ..tree_ops import verify_tree
 from .static import StaticState, _draft_probs
 from .steps import Settings
 
@@ -55,10 +57,11 @@ def tree_step(adapter, run: Settings, state: StaticState, layout: ref.TreeLayout
     cond, uncond = adapter.forward_tree(inputs, n - 1, layout.depth.to(n.device), layout.ancestor.to(n.device))
     cond, uncond = cond.float(), (None if uncond is None else uncond.float())
 
-    res = ref.verify_tree(cond, nodes, q[:, :levels].float(), layout, uncond_logits=uncond, cfg_scale=run.cfg_scale,
+    res = verify_tree(cond, nodes, q[:, :levels].float(), layout, uncond_logits=uncond, cfg_scale=run.cfg_scale,
                           temperature=run.temperature, top_k=run.top_k, top_p=run.top_p, min_p=run.min_p,
                           rule="csd" if run.mode == "csd" else "strict", entropy_coef=run.entropy_coef,
-                          tvd_threshold=run.tvd_threshold, sibling_probs=None, seed=run.seeds, offset=state.attempts)
+                          tvd_threshold=run.tvd_threshold, sibling_probs=None, seed=run.seeds, offset=state.attempts,
+                          backend=run.backend)
     chain = _chain_drafts(cond, uncond, main, q, run, state, levels)
     adapter.keep_path(n - 1, torch.where(active[:, None], res.path, -1))
     _commit(state, run, res, chain, grid_pos, current, active, win_end, levels)
@@ -85,11 +88,11 @@ def _chain_drafts(cond, uncond, main, q, run: Settings, state: StaticState, leve
     every position after the walk's stop (accepted iff kept), its p the next q."""
     length = levels + 1
     drafts = torch.cat([main[:, :levels], torch.full_like(main[:, :1], -1)], 1)
-    return ref.verify(cond[:, :length], drafts, q[:, :length].float(),
-                      uncond_logits=None if uncond is None else uncond[:, :length], cfg_scale=run.cfg_scale,
-                      temperature=run.temperature, top_k=run.top_k, top_p=run.top_p, min_p=run.min_p, rule="strict",
-                      start=torch.zeros_like(state.n), coupling="maximal", positions=state.n, seed=run.seeds,
-                      offset=state.attempts, return_probs=True)
+    return verify(cond[:, :length], drafts, q[:, :length].float(),
+                  uncond_logits=None if uncond is None else uncond[:, :length], cfg_scale=run.cfg_scale,
+                  temperature=run.temperature, top_k=run.top_k, top_p=run.top_p, min_p=run.min_p, rule="strict",
+                  start=torch.zeros_like(state.n), coupling="maximal", positions=state.n, seed=run.seeds,
+                  offset=state.attempts, return_probs=True, backend=run.backend, validate=False)
 
 
 def _commit(state: StaticState, run: Settings, res: ref.TreeResult, chain: ref.VerifyResult, grid_pos, current,
