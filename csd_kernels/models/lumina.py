@@ -41,6 +41,8 @@ import torch.nn.functional as F
 
 from .base import CachedImageLM
 from .protocol import to_uint8_images
+from .row_cache import move_rows, tree_visibility
+from .row_end_tree import companion_ancestor, companions, forced_room, path_moves
 
 __all__ = ["DEFAULT_GRID", "LUMINA_DEFAULTS", "LuminaMGPT", "load_lumina_mgpt", "lumina_grid", "lumina_prompt"]
 
@@ -134,6 +136,8 @@ class LuminaMGPT(CachedImageLM):
         self.image_prefix_ids = [int(t) for t in image_prefix_ids]
         self._decode = decode
         self.defaults = dict(LUMINA_DEFAULTS)  # generate() keywords (see LUMINA_DEFAULTS)
+        self._forced_room = 0  # E of the draft tree static_cache() was given (row_end_tree)
+        self._companions = None  # the last forward_tree's companions, for keep_path
 
     def _prompt_rows(self, input_ids, attention_mask, cfg):
         batch, length = input_ids.shape
@@ -183,9 +187,58 @@ class LuminaMGPT(CachedImageLM):
         slot = torch.arange(length, device=ids.device)[None, :] + row_end.cumsum(1) - row_end  # [R, W]
         seq = torch.full((rows, span), self.row_end_token_id, dtype=ids.dtype, device=ids.device)
         seq = seq.scatter(1, slot, ids)  # [R, T]
-        base = self.prompt_len + first + torch.where(first >= 0, first // width, 0)  # [R] _seq_index(first)
+        base = self._seq_indices(first)  # [R]
         slots = base[:, None] + torch.arange(span, device=ids.device)[None, :]
         return {"input_ids": seq}, slots, slot + row_end
+
+    def _seq_indices(self, k):
+        return self.prompt_len + k + torch.where(k >= 0, k // self.grid[1], 0)  # _seq_index of a tensor of k
+
+    # draft trees: every node at a row's last grid position gets its own forced row end (row_end_tree)
+    supports_tree = True
+
+    def static_cache(self, window, tree=None):
+        super().static_cache(window, tree)
+        self._forced_room = 0 if tree is None else forced_room(tree.depth, self.grid[1])
+
+    def _tree_span(self, window):
+        return window + self._forced_room
+
+    @torch.no_grad()
+    def forward_tree(self, tokens, first, depth, ancestor):
+        """CachedImageLM.forward_tree with the forced row ends: W nodes, then E companions (row_end_tree); a node at
+        a row end returns its companion's logits."""
+        ids = self._to_model_ids(tokens)  # [B, W]
+        if self.cfg:
+            ids, first = torch.cat([ids, ids], 0), torch.cat([first, first], 0)  # [R, W], [R]
+        ids, _ = self._at_prompt_end(ids, first)
+        window, room, depth = ids.shape[1], self._forced_room, depth.to(ids.device)
+        comp = self._companions = companions(first, depth, self.grid[1], room)
+        node_seq = self._seq_indices(first[:, None] + depth[None, :])  # [R, W]
+        positions = torch.cat([node_seq, node_seq.gather(1, comp.owner) + 1], 1)  # [R, W + E]
+        row_ends = torch.full_like(ids[:, :1], self.row_end_token_id).expand(-1, room)
+        base = self._seq_indices(first)  # [R]
+        slots = base[:, None] + torch.arange(window + room, device=ids.device)[None, :]
+        visible = tree_visibility(base, companion_ancestor(ancestor.to(ids.device), comp), self.cache.capacity,
+                                  self._key_valid)
+        hidden = self._run_rows({"input_ids": torch.cat([ids, row_ends], 1)}, slots, visible, positions)
+        out = torch.where(comp.forced, window + comp.rank, torch.arange(window, device=ids.device))  # [R, W]
+        logits = self._head(hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1])))
+        if self.cfg:
+            return logits[: self.batch], logits[self.batch :]
+        return logits, None
+
+    def keep_path(self, first, path):
+        """Moves the last forward_tree's accepted path and its row ends into the chain layout (slot _seq_index of
+        each grid token, its row end one after)."""
+        if self.cfg:
+            first, path = torch.cat([first, first], 0), torch.cat([path, path], 0)
+        base = self._seq_indices(first)[:, None]  # [R, 1]
+        depth = torch.arange(path.shape[1], device=path.device)[None, :]
+        destination, source = path_moves(path, self._companions, self._seq_indices(first[:, None] + depth) - base)
+        for layer in self.cache.layers:
+            move_rows(layer.keys, base + destination, base + source)
+            move_rows(layer.values, base + destination, base + source)
 
     def _head(self, hidden):
         head = self.model.lm_head
