@@ -315,19 +315,21 @@ def test_lumina_greedy_tree_equals_ar_batched(families, tree, window):
 
 def test_lumina_tree_logits_equal_each_paths_chain(families):
     """forward_tree: every node's logits equal the chain forward (forward_static) of its root-to-node path, with
-    the window starting at each place in a grid row (first = -1 .. 3 on a 4-wide grid) and CFG rows."""
+    the window starting at each place in a grid row (first = -1 .. 3 on a 4-wide grid) and CFG rows. The main chain
+    reaches depth 7: its paths hold two row ends (a row end's input sees the one above it)."""
     from csd_kernels import reference as ref
 
     adapter, prompt, cfg = families["lumina"]
-    layout = ref.tree_layout(2, 3, 8)
+    window = 12
+    layout = ref.tree_layout(2, 3, window)
     first = torch.tensor([-1, 0, 1, 2, 3])
-    adapter.static_cache(8, tree=layout)
+    adapter.static_cache(window, tree=layout)
     adapter.prefill(prompt["input_ids"].expand(len(first), -1), None, cfg=True)
-    tokens = torch.randint(0, adapter.vocab_size, (len(first), 8), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, adapter.vocab_size, (len(first), window), generator=torch.Generator().manual_seed(0))
     cond, uncond = adapter.forward_tree(tokens, first, layout.depth, layout.ancestor)
-    for node in range(1, 8):
-        path = [s for s in range(8) if layout.ancestor[node, s]]  # the root .. node, by depth
-        chain = torch.cat([tokens[:, path], tokens[:, : 8 - len(path)]], 1)
+    for node in range(1, window):
+        path = [s for s in range(window) if layout.ancestor[node, s]]  # the root .. node, by depth
+        chain = torch.cat([tokens[:, path], tokens[:, : window - len(path)]], 1)
         chain_cond, chain_uncond = adapter.forward_static(chain, first)
         torch.testing.assert_close(cond[:, node], chain_cond[:, len(path) - 1], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(uncond[:, node], chain_uncond[:, len(path) - 1], atol=1e-5, rtol=1e-5)
