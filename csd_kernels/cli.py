@@ -36,7 +36,16 @@ from .usage import (
     flag_error,
     writable_dir,
 )
-from .validation import RULES, ArgumentError, check, check_backend, check_device, check_generate, row_seeds
+from .validation import (
+    RULES,
+    ArgumentError,
+    check,
+    check_backend,
+    check_device,
+    check_generate,
+    check_tree,
+    row_seeds,
+)
 
 # The rows of `csd compare`: (label, mode, coupling).
 COMPARE_RUNS = [
@@ -85,6 +94,9 @@ def _check_flags(args) -> None:
     backend = given.pop("backend")
     check_generate(getattr(args, "mode", "csd"), getattr(args, "coupling", None),
                    **{name: value for name, value in given.items() if value is not None})
+    tree = getattr(args, "tree", None)
+    if tree is not None:  # (csd generate) the window fit again in generate(), with the model's default window
+        check_tree(tree, args.mode, given["window"] or _GENERATE_DEFAULTS["window"], args.coupling, static=True)
     check("num", args.num)
     check("image_size", args.image_size)
     check_backend(backend, _device(args))
@@ -200,6 +212,8 @@ def cmd_generate(args) -> dict:
     entry = _load(args)
     inputs = _prompt_inputs(entry, args.prompt, args.num)
     kwargs = _generate_kwargs(args, entry)
+    if args.tree is not None:
+        kwargs.update(tree=args.tree, static=True)  # trees run in the static loop
     begin = time.perf_counter()
     out = generate(entry.model, **inputs, mode=args.mode, coupling=args.coupling, seed=args.seed,
                    progress=not args.quiet, **kwargs)
@@ -456,6 +470,15 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
                                                 "the best available"))
 
 
+def _tree_flag(text: str) -> tuple:
+    """--tree K,D -> (K, D) ints; their bounds and what they go with: validation.check_tree."""
+    try:
+        branching, depth = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K,D: two ints, e.g. 3,2 (got {text!r})") from None
+    return branching, depth
+
+
 def _add_sampling(parser: argparse.ArgumentParser, num: int) -> None:
     add_model_options(parser)
     parser.add_argument("--prompt", required=True, help="the prompt (digits, llamagen: a class id; others: text)")
@@ -482,6 +505,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--coupling", choices=sorted(COUPLINGS),
                      help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING}; other modes: independent)")
     gen.add_argument("--seed", type=int, default=0, help=_help("seed", "seed of image 0 (image b: seed + b)", 0))
+    gen.add_argument("--tree", type=_tree_flag, metavar="K,D",
+                     help="a lossless draft tree in every window (docs/trees.md): K candidates per position at the "
+                          "first D positions, e.g. 3,2; K, D >= 1, (K^D - 1)/(K - 1) < the window; --mode sjd, "
+                          "--coupling maximal (default: none, a chain)")
     gen.add_argument("--out", default="out", help="output folder: csd generate replaces the images of its earlier "
                                                   "runs there and refuses a folder with other files (default: out)")
     gen.set_defaults(handler=cmd_generate)

@@ -98,6 +98,13 @@ CASES = _no_gpu([
     ("generate", GEN + [*LLAMAGEN, "--weights", "{inputs}/garbage.safetensors", "--image-size", "256"], "--weights"),
     ("generate", GEN + ["--model", "janus-pro", "--weights", "{inputs}/janus", "--device", "cpu"], "--weights"),
     ("generate", GEN + ["--out", "{inputs}/prompts.txt"], "--out"),
+    ("generate", GEN + ["--mode", "sjd", "--tree", "3"], "--tree"),
+    ("generate", GEN + ["--mode", "sjd", "--tree", "3,x"], "--tree"),
+    ("generate", GEN + ["--mode", "sjd", "--tree", "0,2"], "--tree"),
+    ("generate", GEN + ["--mode", "sjd", "--tree", "3,3", "--window", "8"], "--tree"),
+    ("generate", GEN + ["--mode", "sjd", "--tree", "4,3"], "--tree"),  # 21 draft nodes: more than W = 16 holds
+    ("generate", GEN + ["--mode", "ar", "--tree", "2,2"], "--tree"),
+    ("generate", GEN + ["--mode", "sjd", "--coupling", "gumbel", "--tree", "2,2"], "--tree"),
     # compare
     ("compare", CMP + ["--seeds", "0"], "--seeds"),
     ("compare", CMP + ["--num", "0"], "--num"),
@@ -176,7 +183,7 @@ def test_cases_cover_every_subcommand_and_the_checked_generate_flags():
     covered = {(c.values if hasattr(c, "values") else c)[0] for c in CASES}
     assert covered == {"generate", "compare", "sweep", "bench", "run"}
     flags = {(c.values if hasattr(c, "values") else c)[2] for c in CASES}
-    for name in cli._GENERATE_OPTIONS + ("num", "seed", "seeds", "batch_size", "num_threads", "image_size"):
+    for name in cli._GENERATE_OPTIONS + ("num", "seed", "seeds", "batch_size", "num_threads", "image_size", "tree"):
         assert "--" + name.replace("_", "-") in flags, name
 
 
