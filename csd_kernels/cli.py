@@ -372,8 +372,25 @@ def _floats(text: str, flag: str, setting: str) -> tuple:
         return tuple(check(setting, value) for value in values)
 
 
+def _trees(text: str) -> tuple:
+    """--trees: comma-separated KxD draft trees ("none": no tree settings), each checked by validation.check_tree
+    as the tree settings run it (sjd, the maximal coupling, generate()'s default window)."""
+    if text == "none":
+        return ()
+    trees = []
+    for item in text.split(","):
+        try:
+            branching, depth = (int(part) for part in item.split("x"))
+        except ValueError:
+            raise UsageError(f"--trees: expected comma-separated KxD (e.g. 2x2,3x2) or none, got {text!r}") from None
+        with as_flags(tree="--trees"):
+            trees.append(check_tree((branching, depth), "sjd", _GENERATE_DEFAULTS["window"], "maximal", static=True))
+    return tuple(trees)
+
+
 def cmd_sweep(args) -> dict:
-    """The speed-quality frontier (csd_kernels.frontier): every mode, csd over --lambdas x --taus x --couplings."""
+    """The speed-quality frontier (csd_kernels.frontier): every mode, csd over --lambdas x --taus x --couplings,
+    sjd+maximal with each of --trees."""
     from . import frontier
 
     if args.model not in zoo.MODEL_NAMES:
@@ -391,7 +408,7 @@ def cmd_sweep(args) -> dict:
     check("seeds", args.seeds)
     check("workers", args.workers)
     grid = frontier.settings(_floats(args.lambdas, "--lambdas", "entropy_coef"),
-                             _floats(args.taus, "--taus", "tvd_threshold"), couplings)
+                             _floats(args.taus, "--taus", "tvd_threshold"), couplings, _trees(args.trees))
     check_out(os.path.dirname(args.out) or ".")
     result = frontier.sweep(args.model, per_class=args.per_class, seeds=tuple(range(args.seeds)),
                             workers=args.workers, grid=grid)
@@ -540,6 +557,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "(default: 0.3,0.65,1)")
     sweep.add_argument("--couplings", default="independent,maximal",
                        help=f"csd couplings, any of {', '.join(COUPLINGS)} (default: independent,maximal)")
+    sweep.add_argument("--trees", default="2x2,3x2", help="draft trees KxD of the sjd+maximal+tree settings, "
+                       "comma-separated, or none (default: 2x2,3x2)")
     sweep.add_argument("--workers", type=int, default=2, help=_help("workers", "processes, one torch thread each", 2))
     sweep.add_argument("--out", default="out/sweep/frontier",
                        help="path prefix of the .json, .csv and .png (default: out/sweep/frontier)")

@@ -123,6 +123,8 @@ CASES = _no_gpu([
     ("sweep", ["sweep", "--per-class", "0"], "--per-class"),
     ("sweep", ["sweep", "--per-class", "100"], "--per-class"),  # more than the held-out digits of a class
     ("sweep", ["sweep", "--workers", "0"], "--workers"),
+    ("sweep", ["sweep", "--trees", "2"], "--trees"),
+    ("sweep", ["sweep", "--trees", "5x3"], "--trees"),
     ("sweep", ["sweep", "--model", "llamagen"], "--model"),
     # bench (before the benchmark runs)
     ("bench", ["bench", "--backends", "foo"], "--backends"),
