@@ -93,7 +93,8 @@ def test_small_sweep(tmp_path):
     (["--trees", "0x2"], "--trees (0, 2): expected K >= 1 and D >= 1"),
     (["--trees", "4x3"], "--trees (4, 3): expected a tree whose (K^D - 1)/(K - 1) = 21 draft nodes fit"),
 ])
-def test_sweep_bad_input(argv, message, capsys, tmp_path):
+def test_sweep_bad_input(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(frontier, "sweep", lambda *args, **kwargs: pytest.fail("the sweep ran before the check"))
     assert cli.main(["sweep", "--out", str(tmp_path / "f"), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1

@@ -14,7 +14,8 @@ A subclass supplies the model-specific pieces:
 
 The static form (``static_cache`` / ``forward_static``, see :mod:`.protocol`) runs the same pieces on a
 :class:`~.row_cache.RowCache`; a family with forced tokens between grid tokens overrides ``_window_static`` and
-``_static_span`` (Lumina-mGPT), one whose prompt end is embedded differently overrides ``_inputs_static`` (Janus).
+``_static_span`` (lumina.RowEndLayout: Lumina-mGPT and Emu3, with their draft trees), one whose prompt end is
+embedded differently overrides ``_inputs_static`` (Janus).
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ from .protocol import to_uint8_images
 from .row_cache import move_rows, tree_visibility
 from .row_end_tree import companion_ancestor, companions, forced_room, path_moves
 
-__all__ = ["DEFAULT_GRID", "LUMINA_DEFAULTS", "LuminaMGPT", "load_lumina_mgpt", "lumina_grid", "lumina_prompt"]
+__all__ = ["DEFAULT_GRID", "LUMINA_DEFAULTS", "LuminaMGPT", "RowEndLayout", "load_lumina_mgpt", "lumina_grid",
+           "lumina_prompt"]
 
 # Sampling defaults of the family, for generate(**LUMINA_DEFAULTS): image top-k 2000 and CFG 3.0 are the setting of
 # the SJD and GSD papers' Lumina-mGPT experiments (and of inference_solver.create_logits_processor's defaults);
@@ -114,47 +115,13 @@ def load_lumina_mgpt(path_or_model, *, grid: Optional[tuple[int, int]] = None,
     return LuminaMGPT(model.eval(), grid=DEFAULT_GRID if grid is None else grid, decode=decode)
 
 
-class LuminaMGPT(CachedImageLM):
-    def __init__(self, model, grid: tuple[int, int] = DEFAULT_GRID, *, image_token_range: tuple[int, int] = (4, 8196),
-                 row_end_token_id: int = 8803, image_start_token_id: int = 8197, image_end_token_id: int = 8196,
-                 size_token_offset: int = 8804, image_prefix_ids: Optional[Sequence[int]] = None,
-                 decode: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
-        self.model = model
-        start, end = int(image_token_range[0]), int(image_token_range[1])
-        if not 0 <= start < end <= model.lm_head.out_features:
-            raise ValueError(f"image_token_range {image_token_range} is not inside the vocabulary")
-        super().__init__(model.model, grid, end - start, cache_config=model.config)
-        self.image_start = start
-        self.row_end_token_id = int(row_end_token_id)
-        self.image_end_token_id = int(image_end_token_id)
-        if image_prefix_ids is None:
-            if self.grid[0] % 2 or self.grid[1] % 2:
-                raise ValueError(f"Lumina-mGPT size tokens count pairs of grid tokens: grid {self.grid} must be even "
-                                 "(or pass image_prefix_ids)")
-            image_prefix_ids = (image_start_token_id, size_token_offset + self.grid[0] // 2,
-                                size_token_offset + self.grid[1] // 2)
-        self.image_prefix_ids = [int(t) for t in image_prefix_ids]
-        self._decode = decode
-        self.defaults = dict(LUMINA_DEFAULTS)  # generate() keywords (see LUMINA_DEFAULTS)
-        self._forced_room = 0  # E of the draft tree static_cache() was given (row_end_tree)
-        self._companions = None  # the last forward_tree's companions, for keep_path
+class RowEndLayout(CachedImageLM):
+    """A forced row-end token after every grid row (Lumina-mGPT, Emu3): the sequence index of x_k is
+    P + k + k // width; the chain forwards insert the row ends, a draft tree gives every node at a row's last grid
+    position its own (row_end_tree). A subclass sets ``row_end_token_id``."""
 
-    def _prompt_rows(self, input_ids, attention_mask, cfg):
-        batch, length = input_ids.shape
-        prefix = torch.tensor(self.image_prefix_ids, dtype=input_ids.dtype, device=input_ids.device).expand(batch, -1)
-        cond = torch.cat([input_ids, prefix], 1)  # [B, S + 3]
-        ones = torch.ones_like(prefix)
-        cond_mask = torch.cat([attention_mask if attention_mask is not None else torch.ones_like(input_ids), ones], 1)
-        if not cfg:
-            return cond, (cond_mask if attention_mask is not None else None)
-        # Lumina-mGPT's CFG context: the image from its start token on (no text, no BOS), positions from 0
-        pad = torch.zeros_like(input_ids)
-        uncond = torch.cat([pad, prefix], 1)  # left-padded: only the image prefix is attended
-        uncond_mask = torch.cat([pad, ones], 1)
-        return torch.cat([cond, uncond], 0), torch.cat([cond_mask, uncond_mask], 0)
-
-    def _to_model_ids(self, tokens):
-        return tokens + self.image_start
+    _forced_room = 0  # E of the draft tree static_cache() was given (row_end_tree)
+    _companions = None  # the last forward_tree's companions, for keep_path
 
     def _seq_index(self, k):
         return self.prompt_len + k + (k // self.grid[1] if k >= 0 else 0)
@@ -239,6 +206,47 @@ class LuminaMGPT(CachedImageLM):
         for layer in self.cache.layers:
             move_rows(layer.keys, base + destination, base + source)
             move_rows(layer.values, base + destination, base + source)
+
+
+class LuminaMGPT(RowEndLayout):
+    def __init__(self, model, grid: tuple[int, int] = DEFAULT_GRID, *, image_token_range: tuple[int, int] = (4, 8196),
+                 row_end_token_id: int = 8803, image_start_token_id: int = 8197, image_end_token_id: int = 8196,
+                 size_token_offset: int = 8804, image_prefix_ids: Optional[Sequence[int]] = None,
+                 decode: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+        self.model = model
+        start, end = int(image_token_range[0]), int(image_token_range[1])
+        if not 0 <= start < end <= model.lm_head.out_features:
+            raise ValueError(f"image_token_range {image_token_range} is not inside the vocabulary")
+        super().__init__(model.model, grid, end - start, cache_config=model.config)
+        self.image_start = start
+        self.row_end_token_id = int(row_end_token_id)
+        self.image_end_token_id = int(image_end_token_id)
+        if image_prefix_ids is None:
+            if self.grid[0] % 2 or self.grid[1] % 2:
+                raise ValueError(f"Lumina-mGPT size tokens count pairs of grid tokens: grid {self.grid} must be even "
+                                 "(or pass image_prefix_ids)")
+            image_prefix_ids = (image_start_token_id, size_token_offset + self.grid[0] // 2,
+                                size_token_offset + self.grid[1] // 2)
+        self.image_prefix_ids = [int(t) for t in image_prefix_ids]
+        self._decode = decode
+        self.defaults = dict(LUMINA_DEFAULTS)  # generate() keywords (see LUMINA_DEFAULTS)
+
+    def _prompt_rows(self, input_ids, attention_mask, cfg):
+        batch, length = input_ids.shape
+        prefix = torch.tensor(self.image_prefix_ids, dtype=input_ids.dtype, device=input_ids.device).expand(batch, -1)
+        cond = torch.cat([input_ids, prefix], 1)  # [B, S + 3]
+        ones = torch.ones_like(prefix)
+        cond_mask = torch.cat([attention_mask if attention_mask is not None else torch.ones_like(input_ids), ones], 1)
+        if not cfg:
+            return cond, (cond_mask if attention_mask is not None else None)
+        # Lumina-mGPT's CFG context: the image from its start token on (no text, no BOS), positions from 0
+        pad = torch.zeros_like(input_ids)
+        uncond = torch.cat([pad, prefix], 1)  # left-padded: only the image prefix is attended
+        uncond_mask = torch.cat([pad, ones], 1)
+        return torch.cat([cond, uncond], 0), torch.cat([cond_mask, uncond_mask], 0)
+
+    def _to_model_ids(self, tokens):
+        return tokens + self.image_start
 
     def _head(self, hidden):
         head = self.model.lm_head
