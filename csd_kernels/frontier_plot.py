@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 FIXED_STYLE = {"ar": ("k", "*"), "sjd": ("tab:red", "s"), "sjd+maximal": ("tab:red", "D"),
-               "sjd+gumbel": ("tab:red", "P"), "gsd": ("tab:orange", "X")}
+               "sjd+gumbel": ("tab:red", "P"), "gsd": ("tab:orange", "X"), "sjd+maximal static": ("tab:purple", "X")}
 TAU_MARKERS = ("v", "o", "^", "<", ">", "h")
 TREE_COLOUR, TREE_MARKERS = "tab:purple", ("o", "s", "D", "^", "v", "p", "h", "*")  # draft trees: one marker per (K, D)
 

@@ -16,15 +16,16 @@ def _row(passes, accuracy, frechet, std=0.0):
 
 def test_grid():
     grid = frontier.settings()
-    assert len(grid) == 5 + 2 * 6 * 3 + 2  # ar, sjd x3, gsd; csd x couplings x lambdas x taus; sjd+maximal x trees
+    assert len(grid) == 5 + 2 * 6 * 3 + 1 + 2  # ar, sjd x3, gsd; csd x couplings x λ x τ; sjd+maximal static, x trees
     assert len({s.label for s in grid}) == len(grid)
     assert [s.label for s in grid if s.lossless] == ["ar", "sjd", "sjd+maximal", "sjd+gumbel"] + [
         s.label for s in grid if s.mode == "csd" and s.entropy_coef == 0.0] + [
-        "sjd+maximal+tree 2x2", "sjd+maximal+tree 3x2"]
+        "sjd+maximal static", "sjd+maximal+tree 2x2", "sjd+maximal+tree 3x2"]
+    assert grid[-3].generate_kwargs() == dict(mode="sjd", coupling="maximal", static=True)
     assert Setting("x", "csd", "maximal", 0.25, 0.3).generate_kwargs() == dict(
         mode="csd", coupling="maximal", entropy_coef=0.25, tvd_threshold=0.3)
     assert Setting("ar", "ar").generate_kwargs() == dict(mode="ar", coupling=None)
-    assert grid[-1].generate_kwargs() == dict(mode="sjd", coupling="maximal", tree=(3, 2), static=True)
+    assert grid[-1].generate_kwargs() == dict(mode="sjd", coupling="maximal", static=True, tree=(3, 2))
 
 
 def test_tree_settings():
@@ -32,13 +33,14 @@ def test_tree_settings():
     grid = frontier.settings((0.0, 0.5), (0.3,), ("independent", "maximal"), trees=((2, 3),),
                              tree_modes=("sjd", "csd"))
     trees = [s for s in grid if s.tree is not None]
+    assert [s.label for s in grid if s.static] == ["sjd+maximal static"]
     assert [s.label for s in trees] == ["sjd+maximal+tree 2x3", "csd+maximal+tree 2x3 λ=0 τ=0.3",
                                         "csd+maximal+tree 2x3 λ=0.5 τ=0.3"]
     assert [s.lossless for s in trees] == [True, True, False]
     assert trees[2].generate_kwargs() == dict(mode="csd", coupling="maximal", entropy_coef=0.5, tvd_threshold=0.3,
-                                              tree=(2, 3), static=True)
+                                              static=True, tree=(2, 3))
     assert not [s for s in frontier.settings(couplings=("independent",), tree_modes=("csd",)) if s.tree]
-    assert not [s for s in frontier.settings(trees=()) if s.tree]
+    assert not [s for s in frontier.settings(trees=()) if s.tree or s.static]
 
 
 def test_pareto_and_answers():
@@ -80,6 +82,7 @@ def test_small_sweep(tmp_path):
     table = list(csv.DictReader(open(paths["csv"])))
     assert [r["label"] for r in table] == [s.label for s in grid]
     assert [r["tree"] for r in table] == ["", "", "", "", "3x2"]
+    assert [r["static"] for r in table] == ["0", "0", "0", "0", "1"]
     assert open(paths["png"], "rb").read(4) == b"\x89PNG"
 
 
