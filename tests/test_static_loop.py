@@ -333,6 +333,10 @@ def test_lumina_tree_logits_equal_each_paths_chain(families):
         chain_cond, chain_uncond = adapter.forward_static(chain, first)
         torch.testing.assert_close(cond[:, node], chain_cond[:, len(path) - 1], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(uncond[:, node], chain_uncond[:, len(path) - 1], atol=1e-5, rtol=1e-5)
+    adapter.static_cache(window)  # no tree announced: no room for its row ends
+    adapter.prefill(prompt["input_ids"], None, cfg=False)
+    with pytest.raises(ValueError, match="static_cache"):
+        adapter.forward_tree(tokens[:1], first[:1], layout.depth, layout.ancestor)
 
 
 @pytest.mark.parametrize("family", ["digits", "janus", "lumina", "llamagen_c2i"])

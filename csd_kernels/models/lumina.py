@@ -180,6 +180,9 @@ class RowEndLayout(CachedImageLM):
             ids, first = torch.cat([ids, ids], 0), torch.cat([first, first], 0)  # [R, W], [R]
         ids, _ = self._at_prompt_end(ids, first)
         window, room, depth = ids.shape[1], self._forced_room, depth.to(ids.device)
+        if room == 0:
+            raise ValueError(f"{type(self).__name__}.forward_tree: call static_cache(window, tree=layout) before the "
+                             "prefill (the tree's row ends need room in the cache)")
         comp = self._companions = companions(first, depth, self.grid[1], room)
         node_seq = self._seq_indices(first[:, None] + depth[None, :])  # [R, W]
         positions = torch.cat([node_seq, node_seq.gather(1, comp.owner) + 1], 1)  # [R, W + E]
