@@ -427,7 +427,7 @@ def cmd_run(args) -> Optional[dict]:
     generate_kwargs = {name: getattr(args, name, None) for name in _GENERATE_OPTIONS}
     return run(args.model, args.prompts, args.modes, args.out, seed=args.seed, batch_size=args.batch_size,
                coupling=args.coupling, generate_kwargs=generate_kwargs, quiet=args.quiet,
-               num_threads=args.num_threads, model_options=model_options(args))
+               num_threads=args.num_threads, model_options=model_options(args), tree=args.tree)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -583,6 +583,9 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
                                                  "images)", 16))
     parser.add_argument("--coupling", choices=sorted(COUPLINGS),
                         help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING})")
+    parser.add_argument("--tree", type=_tree_flag, metavar="K,D",
+                        help="a lossless draft tree for the run's sjd items (docs/trees.md), e.g. 3,2; --modes must "
+                             "hold sjd (default: none, a chain)")
     add_generation_options(parser)
     parser.add_argument("--num-threads", dest="num_threads", type=int,
                         help=_help("num_threads", "torch threads per process", "CPU cores / processes on this node"))

@@ -143,6 +143,10 @@ CASES = _no_gpu([
     ("run", RUN + ["--batch-size", "1000000000"], "--batch-size"),
     ("run", RUN + ["--num-threads", "0"], "--num-threads"),
     ("run", RUN + ["--modes", "ar,fast"], "--modes"),
+    ("run", RUN + ["--tree", "2;2"], "--tree"),
+    ("run", RUN + ["--tree", "2,2"], "--tree"),  # --modes ar: no sjd item to take it
+    ("run", RUN + ["--modes", "ar,sjd", "--tree", "2,5"], "--tree"),  # 31 draft nodes: more than W = 16 holds
+    ("run", RUN + ["--modes", "ar,sjd", "--coupling", "gumbel", "--tree", "2,2"], "--tree"),
     ("run", RUN + ["--image-size", "-1"], "--image-size"),
     ("run", ["run", "--prompts", "{inputs}/bad_prompts.txt", "--quiet"], "--prompts"),
     ("run", ["run", "--prompts", "{inputs}/missing.txt", "--quiet"], "--prompts"),

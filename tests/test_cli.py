@@ -60,6 +60,23 @@ def test_generate_runs_a_tree(tmp_path, monkeypatch):
     assert stats["forward_passes_per_image"] < 256
 
 
+def test_run_takes_a_tree_for_its_sjd_items(tmp_path, capsys):
+    """csd run --tree K,D: sjd items run the tree (recorded per item and in run.json), ar items the chain; a rerun
+    without the tree is refused (another run)."""
+    from csd_kernels.runner.files import item_paths
+
+    (tmp_path / "prompts.txt").write_text("7\n")
+    out = tmp_path / "run"
+    argv = ["run", "--prompts", str(tmp_path / "prompts.txt"), "--modes", "ar,sjd", "--quiet", "--out", str(out)]
+    assert cli.main(argv + ["--tree", "2,2"]) == 0
+    assert json.loads((out / "run.json").read_text())["tree"] == [2, 2]
+    records = {mode: json.loads(open(item_paths(str(out), mode, 0)[1]).read()) for mode in ("ar", "sjd")}
+    assert records["sjd"]["tree"] == [2, 2] and records["ar"]["tree"] is None
+    assert records["sjd"]["forward_passes"] < records["ar"]["forward_passes"] == 256
+    capsys.readouterr()
+    assert cli.main(argv) == 2 and "--tree None (the run has 2,2)" in capsys.readouterr().err
+
+
 def test_quality_of_a_single_image_has_no_frechet_distance(digits):
     tokens = ck.generate(digits.model, **digits.prompt_inputs(["4"]), mode="csd", seed=0, **digits.defaults).tokens
     quality = digits.quality(tokens, ["4"])
