@@ -36,7 +36,16 @@ from .usage import (
     flag_error,
     writable_dir,
 )
-from .validation import RULES, ArgumentError, check, check_backend, check_device, check_generate, row_seeds
+from .validation import (
+    RULES,
+    ArgumentError,
+    check,
+    check_backend,
+    check_device,
+    check_generate,
+    check_tree,
+    row_seeds,
+)
 
 # The rows of `csd compare`: (label, mode, coupling).
 COMPARE_RUNS = [
@@ -85,6 +94,9 @@ def _check_flags(args) -> None:
     backend = given.pop("backend")
     check_generate(getattr(args, "mode", "csd"), getattr(args, "coupling", None),
                    **{name: value for name, value in given.items() if value is not None})
+    tree = getattr(args, "tree", None)
+    if tree is not None:  # (csd generate) the window fit again in generate(), with the model's default window
+        check_tree(tree, args.mode, given["window"] or _GENERATE_DEFAULTS["window"], args.coupling, static=True)
     check("num", args.num)
     check("image_size", args.image_size)
     check_backend(backend, _device(args))
@@ -200,6 +212,8 @@ def cmd_generate(args) -> dict:
     entry = _load(args)
     inputs = _prompt_inputs(entry, args.prompt, args.num)
     kwargs = _generate_kwargs(args, entry)
+    if args.tree is not None:
+        kwargs.update(tree=args.tree, static=True)  # trees run in the static loop
     begin = time.perf_counter()
     out = generate(entry.model, **inputs, mode=args.mode, coupling=args.coupling, seed=args.seed,
                    progress=not args.quiet, **kwargs)
@@ -358,8 +372,25 @@ def _floats(text: str, flag: str, setting: str) -> tuple:
         return tuple(check(setting, value) for value in values)
 
 
+def _trees(text: str) -> tuple:
+    """--trees: comma-separated KxD draft trees ("none": no tree settings), each checked by validation.check_tree
+    as the tree settings run it (sjd, the maximal coupling, generate()'s default window)."""
+    if text == "none":
+        return ()
+    trees = []
+    for item in text.split(","):
+        try:
+            branching, depth = (int(part) for part in item.split("x"))
+        except ValueError:
+            raise UsageError(f"--trees: expected comma-separated KxD (e.g. 2x2,3x2) or none, got {text!r}") from None
+        with as_flags(tree="--trees"):
+            trees.append(check_tree((branching, depth), "sjd", _GENERATE_DEFAULTS["window"], "maximal", static=True))
+    return tuple(trees)
+
+
 def cmd_sweep(args) -> dict:
-    """The speed-quality frontier (csd_kernels.frontier): every mode, csd over --lambdas x --taus x --couplings."""
+    """The speed-quality frontier (csd_kernels.frontier): every mode, csd over --lambdas x --taus x --couplings,
+    sjd+maximal with each of --trees."""
     from . import frontier
 
     if args.model not in zoo.MODEL_NAMES:
@@ -377,7 +408,7 @@ def cmd_sweep(args) -> dict:
     check("seeds", args.seeds)
     check("workers", args.workers)
     grid = frontier.settings(_floats(args.lambdas, "--lambdas", "entropy_coef"),
-                             _floats(args.taus, "--taus", "tvd_threshold"), couplings)
+                             _floats(args.taus, "--taus", "tvd_threshold"), couplings, _trees(args.trees))
     check_out(os.path.dirname(args.out) or ".")
     result = frontier.sweep(args.model, per_class=args.per_class, seeds=tuple(range(args.seeds)),
                             workers=args.workers, grid=grid)
@@ -396,7 +427,7 @@ def cmd_run(args) -> Optional[dict]:
     generate_kwargs = {name: getattr(args, name, None) for name in _GENERATE_OPTIONS}
     return run(args.model, args.prompts, args.modes, args.out, seed=args.seed, batch_size=args.batch_size,
                coupling=args.coupling, generate_kwargs=generate_kwargs, quiet=args.quiet,
-               num_threads=args.num_threads, model_options=model_options(args))
+               num_threads=args.num_threads, model_options=model_options(args), tree=args.tree)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -456,6 +487,15 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
                                                 "the best available"))
 
 
+def _tree_flag(text: str) -> tuple:
+    """--tree K,D -> (K, D) ints; their bounds and what they go with: validation.check_tree."""
+    try:
+        branching, depth = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K,D: two ints, e.g. 3,2 (got {text!r})") from None
+    return branching, depth
+
+
 def _add_sampling(parser: argparse.ArgumentParser, num: int) -> None:
     add_model_options(parser)
     parser.add_argument("--prompt", required=True, help="the prompt (digits, llamagen: a class id; others: text)")
@@ -482,6 +522,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--coupling", choices=sorted(COUPLINGS),
                      help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING}; other modes: independent)")
     gen.add_argument("--seed", type=int, default=0, help=_help("seed", "seed of image 0 (image b: seed + b)", 0))
+    gen.add_argument("--tree", type=_tree_flag, metavar="K,D",
+                     help="a lossless draft tree in every window (docs/trees.md): K candidates per position at the "
+                          "first D positions, e.g. 3,2; K, D >= 1, (K^D - 1)/(K - 1) < the window; --mode sjd, "
+                          "--coupling maximal (default: none, a chain)")
     gen.add_argument("--out", default="out", help="output folder: csd generate replaces the images of its earlier "
                                                   "runs there and refuses a folder with other files (default: out)")
     gen.set_defaults(handler=cmd_generate)
@@ -513,6 +557,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "(default: 0.3,0.65,1)")
     sweep.add_argument("--couplings", default="independent,maximal",
                        help=f"csd couplings, any of {', '.join(COUPLINGS)} (default: independent,maximal)")
+    sweep.add_argument("--trees", default="2x2,3x2", help="draft trees KxD of the sjd+maximal+tree settings, "
+                       "comma-separated, or none (default: 2x2,3x2)")
     sweep.add_argument("--workers", type=int, default=2, help=_help("workers", "processes, one torch thread each", 2))
     sweep.add_argument("--out", default="out/sweep/frontier",
                        help="path prefix of the .json, .csv and .png (default: out/sweep/frontier)")
@@ -537,6 +583,9 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
                                                  "images)", 16))
     parser.add_argument("--coupling", choices=sorted(COUPLINGS),
                         help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING})")
+    parser.add_argument("--tree", type=_tree_flag, metavar="K,D",
+                        help="a lossless draft tree for the run's sjd items (docs/trees.md), e.g. 3,2; --modes must "
+                             "hold sjd (default: none, a chain)")
     add_generation_options(parser)
     parser.add_argument("--num-threads", dest="num_threads", type=int,
                         help=_help("num_threads", "torch threads per process", "CPU cores / processes on this node"))

@@ -1,4 +1,5 @@
-"""The speed–quality frontier of a zoo model: every decoding mode, CSD over a λ × τ grid, mean ± spread over seeds.
+"""The speed–quality frontier of a zoo model: every decoding mode, CSD over a λ × τ grid, draft trees, mean ± spread
+over seeds.
 
 ``csd sweep`` (and ``benchmarks/frontier_digits.py``) run :func:`sweep`. Every setting generates the same prompts
 (each class ``per_class`` times) with the same row seeds, in batches of :data:`BATCH`; per seed it records forward
@@ -24,6 +25,8 @@ import numpy as np
 LAMBDAS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
 TAUS = (0.3, 0.65, 1.0)
 CSD_COUPLINGS = ("independent", "maximal")
+TREES = ((2, 2), (3, 2))  # (K, D) of the draft-tree settings (generate(tree=...), the static loop; docs/trees.md)
+TREE_MODES = ("sjd",)  # modes that get tree settings; csd (with the maximal coupling) once generate() takes csd trees
 BATCH = 16
 SPEEDUP_TARGET = 3.0
 METRICS = ("passes", "batch_passes", "distortion", "accuracy", "frechet", "wall_per_image")
@@ -36,6 +39,8 @@ class Setting:
     coupling: str | None = None
     entropy_coef: float | None = None  # csd only
     tvd_threshold: float | None = None  # csd only
+    tree: tuple[int, int] | None = None  # (K, D): a draft tree in every window (the static loop)
+    static: bool = False  # the static loop (every row its own window); a tree implies it
 
     @property
     def lossless(self) -> bool:
@@ -45,16 +50,29 @@ class Setting:
         kwargs = dict(mode=self.mode, coupling=self.coupling)
         if self.mode == "csd":
             kwargs.update(entropy_coef=self.entropy_coef, tvd_threshold=self.tvd_threshold)
+        if self.static or self.tree is not None:
+            kwargs["static"] = True
+        if self.tree is not None:
+            kwargs["tree"] = self.tree
         return kwargs
 
 
-def settings(lambdas=LAMBDAS, taus=TAUS, couplings=CSD_COUPLINGS) -> list[Setting]:
-    """ar, sjd (independent / maximal / gumbel next drafts), gsd, and csd over couplings × λ × τ."""
+def settings(lambdas=LAMBDAS, taus=TAUS, couplings=CSD_COUPLINGS, trees=TREES,
+             tree_modes=TREE_MODES) -> list[Setting]:
+    """ar, sjd (independent / maximal / gumbel next drafts), gsd, csd over couplings × λ × τ, then with trees the
+    chain sjd+maximal in the static loop (the trees' loop: the like-for-like reference) and for each tree (K, D):
+    sjd+maximal+tree and (csd in tree_modes, maximal in couplings) csd+maximal+tree over λ × τ."""
     fixed = [Setting("ar", "ar"), Setting("sjd", "sjd", "independent"), Setting("sjd+maximal", "sjd", "maximal"),
              Setting("sjd+gumbel", "sjd", "gumbel"), Setting("gsd", "gsd")]
     csd = [Setting(f"csd{'' if c == 'independent' else '+' + c} λ={lam:g} τ={tau:g}", "csd", c, lam, tau)
            for c in couplings for lam in lambdas for tau in taus]
-    return fixed + csd
+    tree_sjd = [Setting(f"sjd+maximal+tree {k}x{d}", "sjd", "maximal", tree=(k, d))
+                for k, d in trees if "sjd" in tree_modes]
+    if trees:
+        tree_sjd.insert(0, Setting("sjd+maximal static", "sjd", "maximal", static=True))
+    tree_csd = [Setting(f"csd+maximal+tree {k}x{d} λ={lam:g} τ={tau:g}", "csd", "maximal", lam, tau, (k, d))
+                for k, d in trees for lam in lambdas for tau in taus if "csd" in tree_modes and "maximal" in couplings]
+    return fixed + csd + tree_sjd + tree_csd
 
 
 # ------------------------------------------------------------------------------------------------------- running
@@ -181,11 +199,13 @@ def summary_lines(result: dict) -> list[str]:
 def write_csv(result: dict, path: str) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["label", "mode", "coupling", "entropy_coef", "tvd_threshold"]
+        writer.writerow(["label", "mode", "coupling", "entropy_coef", "tvd_threshold", "tree", "static"]
                         + [f"{k}_{s}" for k in METRICS for s in ("mean", "std")])
         for label, r in result["results"].items():
             s = result["settings"][label]
-            setting = [label, s["mode"], s["coupling"] or "", _blank(s["entropy_coef"]), _blank(s["tvd_threshold"])]
+            tree = "" if s.get("tree") is None else "x".join(map(str, s["tree"]))
+            setting = [label, s["mode"], s["coupling"] or "", _blank(s["entropy_coef"]), _blank(s["tvd_threshold"]),
+                       tree, int(bool(s.get("static")) or bool(tree))]
             writer.writerow(setting + [f"{r[k][stat]:.6g}" for k in METRICS for stat in ("mean", "std")])
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 FIXED_STYLE = {"ar": ("k", "*"), "sjd": ("tab:red", "s"), "sjd+maximal": ("tab:red", "D"),
-               "sjd+gumbel": ("tab:red", "P"), "gsd": ("tab:orange", "X")}
+               "sjd+gumbel": ("tab:red", "P"), "gsd": ("tab:orange", "X"), "sjd+maximal static": ("tab:purple", "X")}
 TAU_MARKERS = ("v", "o", "^", "<", ">", "h")
+TREE_COLOUR, TREE_MARKERS = "tab:purple", ("o", "s", "D", "^", "v", "p", "h", "*")  # draft trees: one marker per (K, D)
 
 
 def plot(result: dict, path: str) -> None:
-    """csd: colour = λ, shape = τ, filled = coupled next drafts; grey band = ar's mean ± std; dashed = held-out."""
+    """csd: colour = λ, shape = τ, filled = coupled next drafts, purple edge = a draft tree; sjd + tree: purple, one
+    shape per tree; grey band = ar's mean ± std; dashed = held-out."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -51,8 +53,13 @@ def _panel(ax, result: dict, key: str, colours: dict, markers: dict) -> None:
         if s["mode"] == "csd":
             colour = colours[s["entropy_coef"]]
             face = colour if s["coupling"] != "independent" else "none"
-            ax.errorbar(x, y, yerr=yerr, fmt=markers[s["tvd_threshold"]], mfc=face, mec=colour,
+            edge = TREE_COLOUR if s.get("tree") else colour
+            ax.errorbar(x, y, yerr=yerr, fmt=markers[s["tvd_threshold"]], mfc=face, mec=edge,
                         ecolor=colour, ms=7, alpha=0.9, lw=0.8)
+        elif s.get("tree"):
+            trees = sorted({tuple(t["tree"]) for t in result["settings"].values() if t.get("tree")})
+            marker = TREE_MARKERS[trees.index(tuple(s["tree"])) % len(TREE_MARKERS)]
+            ax.errorbar(x, y, yerr=yerr, fmt=marker, color=TREE_COLOUR, ms=8, lw=0.8, label=label)
         else:
             colour, marker = FIXED_STYLE.get(label, ("0.5", "o"))
             ax.errorbar(x, y, yerr=yerr, fmt=marker, color=colour, ms=9, lw=0.8, label=label)

@@ -98,6 +98,13 @@ CASES = _no_gpu([
     ("generate", GEN + [*LLAMAGEN, "--weights", "{inputs}/garbage.safetensors", "--image-size", "256"], "--weights"),
     ("generate", GEN + ["--model", "janus-pro", "--weights", "{inputs}/janus", "--device", "cpu"], "--weights"),
     ("generate", GEN + ["--out", "{inputs}/prompts.txt"], "--out"),
+    ("generate", GEN + ["--mode", "sjd", "--tree", "3"], "--tree"),
+    ("generate", GEN + ["--mode", "sjd", "--tree", "3,x"], "--tree"),
+    ("generate", GEN + ["--mode", "sjd", "--tree", "0,2"], "--tree"),
+    ("generate", GEN + ["--mode", "sjd", "--tree", "3,3", "--window", "8"], "--tree"),
+    ("generate", GEN + ["--mode", "sjd", "--tree", "4,3"], "--tree"),  # 21 draft nodes: more than W = 16 holds
+    ("generate", GEN + ["--mode", "ar", "--tree", "2,2"], "--tree"),
+    ("generate", GEN + ["--mode", "sjd", "--coupling", "gumbel", "--tree", "2,2"], "--tree"),
     # compare
     ("compare", CMP + ["--seeds", "0"], "--seeds"),
     ("compare", CMP + ["--num", "0"], "--num"),
@@ -116,6 +123,8 @@ CASES = _no_gpu([
     ("sweep", ["sweep", "--per-class", "0"], "--per-class"),
     ("sweep", ["sweep", "--per-class", "100"], "--per-class"),  # more than the held-out digits of a class
     ("sweep", ["sweep", "--workers", "0"], "--workers"),
+    ("sweep", ["sweep", "--trees", "2"], "--trees"),
+    ("sweep", ["sweep", "--trees", "5x3"], "--trees"),
     ("sweep", ["sweep", "--model", "llamagen"], "--model"),
     # bench (before the benchmark runs)
     ("bench", ["bench", "--backends", "foo"], "--backends"),
@@ -134,6 +143,10 @@ CASES = _no_gpu([
     ("run", RUN + ["--batch-size", "1000000000"], "--batch-size"),
     ("run", RUN + ["--num-threads", "0"], "--num-threads"),
     ("run", RUN + ["--modes", "ar,fast"], "--modes"),
+    ("run", RUN + ["--tree", "2;2"], "--tree"),
+    ("run", RUN + ["--tree", "2,2"], "--tree"),  # --modes ar: no sjd item to take it
+    ("run", RUN + ["--modes", "ar,sjd", "--tree", "2,5"], "--tree"),  # 31 draft nodes: more than W = 16 holds
+    ("run", RUN + ["--modes", "ar,sjd", "--coupling", "gumbel", "--tree", "2,2"], "--tree"),
     ("run", RUN + ["--image-size", "-1"], "--image-size"),
     ("run", ["run", "--prompts", "{inputs}/bad_prompts.txt", "--quiet"], "--prompts"),
     ("run", ["run", "--prompts", "{inputs}/missing.txt", "--quiet"], "--prompts"),
@@ -176,7 +189,7 @@ def test_cases_cover_every_subcommand_and_the_checked_generate_flags():
     covered = {(c.values if hasattr(c, "values") else c)[0] for c in CASES}
     assert covered == {"generate", "compare", "sweep", "bench", "run"}
     flags = {(c.values if hasattr(c, "values") else c)[2] for c in CASES}
-    for name in cli._GENERATE_OPTIONS + ("num", "seed", "seeds", "batch_size", "num_threads", "image_size"):
+    for name in cli._GENERATE_OPTIONS + ("num", "seed", "seeds", "batch_size", "num_threads", "image_size", "tree"):
         assert "--" + name.replace("_", "-") in flags, name
 
 

@@ -1,5 +1,6 @@
 """The `csd` command and the shipped digits model driven through the generic decoding loop."""
 
+import functools
 import json
 import os
 import subprocess
@@ -42,6 +43,38 @@ def test_generate_writes_images_maps_and_stats(tmp_path):
     assert stats["tokens_per_pass"] == pytest.approx(256 / stats["forward_passes_per_image"])
     assert set(stats["timings"]) >= {"model", "verify", "rest", "total"}
     assert set(stats["quality"]) == {"accuracy", "frechet"}
+
+
+def test_generate_runs_a_tree(tmp_path, monkeypatch):
+    """--tree K,D reaches generate() (in the static loop) and stats.json records it."""
+    calls = []
+    real = cli.generate
+    recording = functools.wraps(real)(lambda *args, **kw: calls.append(kw) or real(*args, **kw))  # its signature
+    monkeypatch.setattr(cli, "generate", recording)
+    out_dir = tmp_path / "tree"
+    assert cli.main(["generate", "--model", "digits", "--prompt", "7", "--mode", "sjd", "--num", "1", "--tree", "2,2",
+                     "--out", str(out_dir), "--quiet"]) == 0
+    assert calls[0]["tree"] == (2, 2) and calls[0]["static"] is True
+    stats = json.loads((out_dir / "stats.json").read_text())
+    assert stats["parameters"]["tree"] == [2, 2] and stats["parameters"]["static"] is True
+    assert stats["forward_passes_per_image"] < 256
+
+
+def test_run_takes_a_tree_for_its_sjd_items(tmp_path, capsys):
+    """csd run --tree K,D: sjd items run the tree (recorded per item and in run.json), ar items the chain; a rerun
+    without the tree is refused (another run)."""
+    from csd_kernels.runner.files import item_paths
+
+    (tmp_path / "prompts.txt").write_text("7\n")
+    out = tmp_path / "run"
+    argv = ["run", "--prompts", str(tmp_path / "prompts.txt"), "--modes", "ar,sjd", "--quiet", "--out", str(out)]
+    assert cli.main(argv + ["--tree", "2,2"]) == 0
+    assert json.loads((out / "run.json").read_text())["tree"] == [2, 2]
+    records = {mode: json.loads(open(item_paths(str(out), mode, 0)[1]).read()) for mode in ("ar", "sjd")}
+    assert records["sjd"]["tree"] == [2, 2] and records["ar"]["tree"] is None
+    assert records["sjd"]["forward_passes"] < records["ar"]["forward_passes"] == 256
+    capsys.readouterr()
+    assert cli.main(argv) == 2 and "--tree None (the run has 2,2)" in capsys.readouterr().err
 
 
 def test_quality_of_a_single_image_has_no_frechet_distance(digits):

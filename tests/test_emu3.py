@@ -99,6 +99,19 @@ def test_greedy_tokens_match_transformers_in_every_mode(tiny_emu3, negative):
     assert int((expected[:, :-3] == EOL).sum()) == 2 * GRID[0]
 
 
+def test_static_loop_and_trees_match_transformers(tiny_emu3):
+    """The static loop (per-row cache, the row ends in place) and draft trees (a row end below every node at a row's
+    last grid position, models/row_end_tree.py): transformers' greedy tokens too."""
+    ids, mask = _left_padded(PROMPTS)
+    expected = _transformers_greedy(tiny_emu3, ids, mask, torch.tensor([NEGATIVE]))
+    adapter = Emu3Adapter(tiny_emu3, GRID, negative_prompt_ids=NEGATIVE)
+    for kw in (dict(mode="ar"), dict(mode="csd"), dict(mode="sjd", window=8, tree=(2, 2)),
+               dict(mode="sjd", window=12, tree=(3, 2))):
+        out = generate(adapter, ids, attention_mask=mask, cfg_scale=CFG, temperature=0, static=True,
+                       **{"window": 5, **kw})
+        assert torch.equal(out.sequences, expected), kw
+
+
 def test_layout_and_pixels(tiny_emu3):
     adapter = Emu3Adapter(tiny_emu3, GRID, negative_prompt_ids=NEGATIVE)
     tokens = torch.arange(24).reshape(2, 12) % 32

@@ -16,13 +16,31 @@ def _row(passes, accuracy, frechet, std=0.0):
 
 def test_grid():
     grid = frontier.settings()
-    assert len(grid) == 5 + 2 * 6 * 3  # ar, sjd x3, gsd; csd x couplings x lambdas x taus
+    assert len(grid) == 5 + 2 * 6 * 3 + 1 + 2  # ar, sjd x3, gsd; csd x couplings x λ x τ; sjd+maximal static, x trees
     assert len({s.label for s in grid}) == len(grid)
     assert [s.label for s in grid if s.lossless] == ["ar", "sjd", "sjd+maximal", "sjd+gumbel"] + [
-        s.label for s in grid if s.mode == "csd" and s.entropy_coef == 0.0]
+        s.label for s in grid if s.mode == "csd" and s.entropy_coef == 0.0] + [
+        "sjd+maximal static", "sjd+maximal+tree 2x2", "sjd+maximal+tree 3x2"]
+    assert grid[-3].generate_kwargs() == dict(mode="sjd", coupling="maximal", static=True)
     assert Setting("x", "csd", "maximal", 0.25, 0.3).generate_kwargs() == dict(
         mode="csd", coupling="maximal", entropy_coef=0.25, tvd_threshold=0.3)
     assert Setting("ar", "ar").generate_kwargs() == dict(mode="ar", coupling=None)
+    assert grid[-1].generate_kwargs() == dict(mode="sjd", coupling="maximal", static=True, tree=(3, 2))
+
+
+def test_tree_settings():
+    """--trees: one sjd+maximal+tree per tree; csd+maximal+tree over λ × τ once csd is a tree mode (maximal only)."""
+    grid = frontier.settings((0.0, 0.5), (0.3,), ("independent", "maximal"), trees=((2, 3),),
+                             tree_modes=("sjd", "csd"))
+    trees = [s for s in grid if s.tree is not None]
+    assert [s.label for s in grid if s.static] == ["sjd+maximal static"]
+    assert [s.label for s in trees] == ["sjd+maximal+tree 2x3", "csd+maximal+tree 2x3 λ=0 τ=0.3",
+                                        "csd+maximal+tree 2x3 λ=0.5 τ=0.3"]
+    assert [s.lossless for s in trees] == [True, True, False]
+    assert trees[2].generate_kwargs() == dict(mode="csd", coupling="maximal", entropy_coef=0.5, tvd_threshold=0.3,
+                                              static=True, tree=(2, 3))
+    assert not [s for s in frontier.settings(couplings=("independent",), tree_modes=("csd",)) if s.tree]
+    assert not [s for s in frontier.settings(trees=()) if s.tree or s.static]
 
 
 def test_pareto_and_answers():
@@ -43,7 +61,8 @@ def test_pareto_and_answers():
 def test_small_sweep(tmp_path):
     grid = [Setting("ar", "ar"), Setting("sjd+maximal", "sjd", "maximal"),
             Setting("csd+maximal λ=0 τ=0.65", "csd", "maximal", 0.0, 0.65),
-            Setting("csd+maximal λ=1 τ=1", "csd", "maximal", 1.0, 1.0)]
+            Setting("csd+maximal λ=1 τ=1", "csd", "maximal", 1.0, 1.0),
+            Setting("sjd+maximal+tree 3x2", "sjd", "maximal", tree=(3, 2))]
     result = frontier.sweep("digits", per_class=1, seeds=(0, 1), workers=1, grid=grid, classes=("1", "7"))
     rows = result["results"]
     assert rows["ar"]["passes"] == {"mean": 256.0, "std": 0.0}
@@ -53,11 +72,17 @@ def test_small_sweep(tmp_path):
         a, b = per_seed[("sjd+maximal", seed)], per_seed[("csd+maximal λ=0 τ=0.65", seed)]
         assert a["passes"] == b["passes"] and a["frechet"] == b["frechet"] and b["distortion"] == 0.0
     assert rows["csd+maximal λ=1 τ=1"]["distortion"]["mean"] > 0.0
-    assert result["best_lossless"] in ("sjd+maximal", "csd+maximal λ=0 τ=0.65")
+    tree = rows["sjd+maximal+tree 3x2"]  # lossless, and its own passes (another loop, other streams)
+    assert tree["distortion"]["mean"] == 0.0 and tree["passes"]["mean"] < 256
+    assert tree["passes"] != rows["sjd+maximal"]["passes"]
+    assert result["best_lossless"] in ("sjd+maximal", "csd+maximal λ=0 τ=0.65", "sjd+maximal+tree 3x2")
     assert result["heldout"]["accuracy"]["mean"] >= 0.5
     paths = frontier.save(result, str(tmp_path / "f"))
     assert json.load(open(paths["json"]))["pareto"] == result["pareto"]
-    assert [r["label"] for r in csv.DictReader(open(paths["csv"]))] == [s.label for s in grid]
+    table = list(csv.DictReader(open(paths["csv"])))
+    assert [r["label"] for r in table] == [s.label for s in grid]
+    assert [r["tree"] for r in table] == ["", "", "", "", "3x2"]
+    assert [r["static"] for r in table] == ["0", "0", "0", "0", "1"]
     assert open(paths["png"], "rb").read(4) == b"\x89PNG"
 
 
@@ -67,8 +92,12 @@ def test_small_sweep(tmp_path):
     (["--model", "llamagen"], "only digits has one"),
     (["--model", "nope"], "unknown model"),
     (["--per-class", "0"], "--per-class 0: expected an int in [1, "),
+    (["--trees", "3x2,3"], "--trees: expected comma-separated KxD"),
+    (["--trees", "0x2"], "--trees (0, 2): expected K >= 1 and D >= 1"),
+    (["--trees", "4x3"], "--trees (4, 3): expected a tree whose (K^D - 1)/(K - 1) = 21 draft nodes fit"),
 ])
-def test_sweep_bad_input(argv, message, capsys, tmp_path):
+def test_sweep_bad_input(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(frontier, "sweep", lambda *args, **kwargs: pytest.fail("the sweep ran before the check"))
     assert cli.main(["sweep", "--out", str(tmp_path / "f"), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1

@@ -292,7 +292,7 @@ def test_triton_launches_under_the_tensors_device_guard(monkeypatch):
 # ----------------------------------------------------------------------------------------------------------------------
 # draft trees (tests/test_tree.py holds the law; here: every family's forward_tree / keep_path)
 # ----------------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("family", ["digits", "janus", "llamagen_c2i", "llamagen_t2i"])
+@pytest.mark.parametrize("family", ["digits", "janus", "lumina", "llamagen_c2i", "llamagen_t2i"])
 def test_greedy_tree_equals_ar_in_every_family(families, family):
     adapter, prompt, cfg = families[family]
     ar = generate(adapter, **prompt, mode="ar", cfg_scale=cfg, temperature=0)
@@ -300,13 +300,46 @@ def test_greedy_tree_equals_ar_in_every_family(families, family):
     assert torch.equal(out.tokens, ar.tokens)
 
 
-def test_lumina_refuses_trees(families):
+@pytest.mark.parametrize("tree, window", [((2, 2), 4), ((2, 3), 8), ((4, 2), 16)])
+def test_lumina_greedy_tree_equals_ar_batched(families, tree, window):
+    """Rows of different prompt lengths (padding, CFG) commit at different speeds, so their windows start at
+    different places within a grid row: every pattern of forced row ends among the tree's levels."""
+    adapter, _, cfg = families["lumina"]
+    prompt = dict(input_ids=torch.tensor([[1, 5, 6], [0, 0, 9], [0, 3, 7]]),
+                  attention_mask=torch.tensor([[1, 1, 1], [0, 0, 1], [0, 1, 1]]))
+    ar = generate(adapter, **prompt, mode="ar", cfg_scale=cfg, temperature=0)
+    out = generate(adapter, **prompt, mode="sjd", window=window, cfg_scale=cfg, temperature=0, static=True,
+                   tree=tree)
+    assert torch.equal(out.tokens, ar.tokens)
+
+
+def test_lumina_tree_logits_equal_each_paths_chain(families):
+    """forward_tree: every node's logits equal the chain forward (forward_static) of its root-to-node path, with
+    the window starting at each place in a grid row (first = -1 .. 3 on a 4-wide grid) and CFG rows. The main chain
+    reaches depth 7: its paths hold two row ends (a row end's input sees the one above it)."""
+    from csd_kernels import reference as ref
+
     adapter, prompt, cfg = families["lumina"]
-    with pytest.raises(ValueError, match="forced tokens"):
-        generate(adapter, **prompt, mode="sjd", window=8, cfg_scale=cfg, static=True, tree=(2, 2))
+    window = 12
+    layout = ref.tree_layout(2, 3, window)
+    first = torch.tensor([-1, 0, 1, 2, 3])
+    adapter.static_cache(window, tree=layout)
+    adapter.prefill(prompt["input_ids"].expand(len(first), -1), None, cfg=True)
+    tokens = torch.randint(0, adapter.vocab_size, (len(first), window), generator=torch.Generator().manual_seed(0))
+    cond, uncond = adapter.forward_tree(tokens, first, layout.depth, layout.ancestor)
+    for node in range(1, window):
+        path = [s for s in range(window) if layout.ancestor[node, s]]  # the root .. node, by depth
+        chain = torch.cat([tokens[:, path], tokens[:, : window - len(path)]], 1)
+        chain_cond, chain_uncond = adapter.forward_static(chain, first)
+        torch.testing.assert_close(cond[:, node], chain_cond[:, len(path) - 1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(uncond[:, node], chain_uncond[:, len(path) - 1], atol=1e-5, rtol=1e-5)
+    adapter.static_cache(window)  # no tree announced: no room for its row ends
+    adapter.prefill(prompt["input_ids"], None, cfg=False)
+    with pytest.raises(ValueError, match="static_cache"):
+        adapter.forward_tree(tokens[:1], first[:1], layout.depth, layout.ancestor)
 
 
-@pytest.mark.parametrize("family", ["digits", "janus", "llamagen_c2i"])
+@pytest.mark.parametrize("family", ["digits", "janus", "lumina", "llamagen_c2i"])
 def test_no_host_read_inside_tree_iterations(families, family, monkeypatch):
     """The tree iteration (forward_tree, the reference walk, keep_path, commit) reads nothing on the host."""
     adapter, prompt, cfg = _on_meta(family, families)

@@ -365,6 +365,25 @@ def test_sjd_tree_is_lossless(four_codes, ar_codes, tree, window):
     assert _same_law_p(ar_codes, codes) > 1e-3
 
 
+def test_lumina_sjd_tree_is_lossless(tiny_chameleon):
+    """Lumina-mGPT's forced row ends (tests/conftest.py's tiny Chameleon with 4 image codes on a 2 x 2 grid: a row
+    end after every second token, so the tree's levels alternate) keep the tree lossless: the same two-sample χ²
+    and power as test_sjd_tree_is_lossless, against `ar` on the same adapter."""
+    from csd_kernels.decoding import generate
+    from csd_kernels.models import LuminaMGPT
+
+    adapter = LuminaMGPT(tiny_chameleon, grid=(2, 2), image_token_range=(8, 12), row_end_token_id=41,
+                         image_start_token_id=42, image_end_token_id=43, size_token_offset=44)
+    prompt = torch.tensor([[1, 5, 6]]).expand(LOOP_SAMPLES, -1)
+
+    def codes(seed: int, **kw) -> np.ndarray:
+        out = generate(adapter, prompt, cfg_scale=1.0, temperature=0.4, seed=torch.arange(LOOP_SAMPLES) + seed, **kw)
+        return (out.tokens * (V ** torch.arange(4))).sum(1).numpy()
+
+    tree = codes(0, mode="sjd", window=4, static=True, tree=(2, 2))
+    assert _same_law_p(codes(10**6, mode="ar"), tree) > 1e-3
+
+
 def test_lossy_loop_is_detected(four_codes, ar_codes):
     """The same test's power on this model: csd's relaxed acceptance is caught."""
     codes, _ = _loop_codes(four_codes, 0, mode="csd", window=4, static=True, entropy_coef=2.0, tvd_threshold=1.0)

@@ -139,8 +139,8 @@ def generate(
     adapter = get_adapter(model)
     cuda_graph = _check_static(adapter, static, cuda_graph, compile, max_lead)
     if tree is not None and not is_tree_adapter(adapter):
-        raise ValueError(f"tree={tree}: {type(adapter).__name__} has no forward_tree() / keep_path() (draft trees "
-                         "need one cache slot per input and no forced tokens between grid tokens)")
+        raise ValueError(f"tree={tree}: {type(adapter).__name__} does not run draft trees (the adapter "
+                         "protocol's forward_tree(), keep_path() and supports_tree; docs/trees.md)")
     device = adapter.device
     check_backend(backend, device)
     check_prompt_ids(input_ids, getattr(adapter, "prompt_vocab_size", None))
@@ -153,7 +153,10 @@ def generate(
     lead = DEFAULT_MAX_LEAD_FACTOR * window if max_lead is None else max_lead
     clock = _Clock(device, sync_timings)
     if static:
-        adapter.static_cache(window)
+        if tree is None:
+            adapter.static_cache(window)
+        else:  # a tree may need more cache slots than a chain (Lumina-mGPT: a forced row end after some nodes)
+            adapter.static_cache(window, tree=ref.tree_layout(*tree, window))
 
     prefill_passes = clock.time("model", lambda: _prefill(adapter, input_ids, prompt_embeds, attention_mask,
                                                           cfg_scale != 1.0))

@@ -14,7 +14,8 @@ A subclass supplies the model-specific pieces:
 
 The static form (``static_cache`` / ``forward_static``, see :mod:`.protocol`) runs the same pieces on a
 :class:`~.row_cache.RowCache`; a family with forced tokens between grid tokens overrides ``_window_static`` and
-``_static_span`` (Lumina-mGPT), one whose prompt end is embedded differently overrides ``_inputs_static`` (Janus).
+``_static_span`` (lumina.RowEndLayout: Lumina-mGPT and Emu3, with their draft trees), one whose prompt end is
+embedded differently overrides ``_inputs_static`` (Janus).
 """
 
 from __future__ import annotations
@@ -124,15 +125,16 @@ class CachedImageLM:
     def dtype(self) -> torch.dtype:
         return next(self.backbone.parameters()).dtype
 
-    def static_cache(self, window: int) -> None:
-        """The next prefill (only) allocates a per-row static cache with room for ``window`` inputs past the grid."""
+    def static_cache(self, window: int, tree=None) -> None:
+        """The next prefill (only) allocates a per-row static cache with room for ``window`` inputs past the grid
+        (``tree``: the reference.TreeLayout that forward_tree will be fed, or None; see _tree_span)."""
         self._static_window = int(window)
 
     def _row_cache(self, mask: Optional[torch.Tensor], window: int):
         """A RowCache for prompt + grid + window inputs per row; the prompt's padding as key_valid and pads."""
         rows = (2 if self.cfg else 1) * self.batch
         total = self.grid[0] * self.grid[1]
-        capacity = self._seq_index(total - 1) + self._static_span(window)
+        capacity = self._seq_index(total - 1) + max(self._static_span(window), self._tree_span(window))
         self._pads = torch.zeros(rows, dtype=torch.int64, device=self.device)
         self._key_valid = None
         if mask is not None:
@@ -228,6 +230,10 @@ class CachedImageLM:
 
     def _static_span(self, window: int) -> int:
         """Cache slots one static forward of ``window`` grid inputs writes."""
+        return window
+
+    def _tree_span(self, window: int) -> int:
+        """Cache slots one forward_tree of ``window`` inputs writes."""
         return window
 
     # defaults for adapters whose grid tokens map to a contiguous id range and need no forced tokens

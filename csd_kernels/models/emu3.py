@@ -26,8 +26,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from .base import CachedImageLM
-from .lumina import LuminaMGPT
+from .lumina import RowEndLayout
 from .protocol import to_uint8_images
 
 __all__ = ["EMU3_DEFAULTS", "EMU3_NEGATIVE_PROMPT", "EMU3_POSITIVE_SUFFIX", "Emu3Adapter", "emu3_grid", "emu3_prompt",
@@ -102,7 +101,7 @@ def load_emu3(path: Union[str, os.PathLike], *, grid: Optional[tuple[int, int]] 
     return Emu3Adapter(model, emu3_grid() if grid is None else grid, negative_prompt_ids=negative_prompt_ids)
 
 
-class Emu3Adapter(CachedImageLM):
+class Emu3Adapter(RowEndLayout):  # the row-end layout is Lumina-mGPT's
     """``negative_prompt_ids``: token ids of the CFG negative prompt (one prompt for every row), or None for
     transformers' default unconditional context (the prompt's last token)."""
 
@@ -148,10 +147,6 @@ class Emu3Adapter(CachedImageLM):
         if self._contiguous:
             return tokens + int(self._bpe[0])
         return self._bpe.to(tokens.device)[tokens]
-
-    # the row-end layout is Lumina-mGPT's: a forced token after every W grid tokens
-    _window = LuminaMGPT._window
-    _seq_index = LuminaMGPT._seq_index
 
     def _head(self, hidden):
         weight = self.model.lm_head.weight

@@ -32,6 +32,8 @@ Draft trees (``generate(..., tree=(K, D))``, static loop only) also need ``forwa
 depth [W], ancestor [W, W] bool)`` — slot s at sequence index first_b + depth[s], written at cache slot first_b + s,
 seeing the committed prefix and its ancestors — and ``keep_path(first [B], path [B, L])``, which moves the accepted
 path's keys and values into place (slot first_b + k <- slot first_b + path[b, k]), with ``supports_tree`` True.
+The loop announces the tree before the prefill, ``static_cache(window, tree=layout)`` (a reference.TreeLayout), so
+that an adapter whose tree needs more inputs than W (Lumina-mGPT: a forced row end below some nodes) sizes its cache.
 """
 
 from __future__ import annotations
@@ -82,8 +84,9 @@ class ImageAdapter(Protocol):
 class StaticImageAdapter(ImageAdapter, Protocol):
     """The fixed-shape form of the protocol (see the module docstring)."""
 
-    def static_cache(self, window: int) -> None:
-        """The next ``prefill`` allocates a per-row static cache with room for ``window`` inputs past the grid."""
+    def static_cache(self, window: int, tree=None) -> None:
+        """The next ``prefill`` allocates a per-row static cache with room for ``window`` inputs past the grid (and
+        for the inputs of draft tree ``tree``, when given)."""
         ...
 
     def forward_static(self, tokens: torch.Tensor, first: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -40,15 +40,16 @@ def chain_visibility(slots: torch.Tensor, capacity: int, key_valid: Optional[tor
 def tree_visibility(base: torch.Tensor, ancestor: torch.Tensor, capacity: int,
                     key_valid: Optional[torch.Tensor]) -> torch.Tensor:
     """bool [R, W, S]: window input s (written at slot base_r + s) sees the committed slots before base_r (except
-    hidden prompt padding) and the window slots of its ancestors and itself (ancestor [W, W]: t is s or above s)."""
-    width = ancestor.shape[0]
+    hidden prompt padding) and the window slots of its ancestors and itself (ancestor [W, W], or per row [R, W, W]:
+    t is s or above s)."""
+    width = ancestor.shape[-1]
     offset = torch.arange(capacity, device=base.device)[None, :] - base[:, None]  # [R, S] slot - window start
     prefix = offset < 0
     if key_valid is not None:
         prefix = prefix & key_valid
     in_window = (offset >= 0) & (offset < width)
     index = offset.clamp(0, width - 1)[:, None, :].expand(-1, width, -1)  # [R, W, S]
-    above = ancestor.to(base.device)[None].expand(base.shape[0], -1, -1).gather(2, index)
+    above = ancestor.to(base.device).expand(base.shape[0], -1, -1).gather(2, index)
     return prefix[:, None, :] | (in_window[:, None, :] & above)
 
 

@@ -185,9 +185,9 @@ def check_manifest(out_dir: str, manifest: dict) -> bool:
         raise UsageError(f"--out {out_dir}: {MANIFEST} is unreadable ({exc}); use a new --out folder") from exc
     diffs = []
     for key, flag in [("format", "format"), ("model", "--model"), ("model_options", "the model options"),
-                      ("modes", "--modes"), ("seed", "--seed"), ("coupling", "--coupling")]:
+                      ("modes", "--modes"), ("seed", "--seed"), ("coupling", "--coupling"), ("tree", "--tree")]:
         if old.get(key) != manifest[key]:
-            shown = lambda v: ",".join(v) if isinstance(v, list) else v  # noqa: E731
+            shown = lambda v: ",".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731
             diffs.append(f"{flag} {shown(manifest[key])} (the run has {shown(old.get(key))})")
     if (old.get("num_prompts"), old.get("prompts_sha256")) != (manifest["num_prompts"], manifest["prompts_sha256"]):
         diffs.append(f"--prompts {manifest['prompts_file']} ({manifest['num_prompts']} prompts, other contents than "

@@ -28,7 +28,7 @@ import torch
 from .. import zoo
 from ..decoding import MODES, generate
 from ..usage import UsageError, as_flags, check_out, writable_dir
-from ..validation import check, check_backend, check_generate
+from ..validation import check, check_backend, check_generate, check_tree
 from .files import (
     FORMAT,
     LOCK,
@@ -119,11 +119,13 @@ class RunSpec:
     coupling: Optional[str] = None
     generate_kwargs: dict = field(default_factory=dict)
     model_options: dict = field(default_factory=dict)  # weights, config, ... (zoo.load keywords)
+    tree: Optional[tuple] = None  # (K, D): a draft tree for the run's sjd items (the static loop)
 
 
 def run(model: str, prompts_file: str, modes, out: str, *, seed: int = 0, batch_size: int = 16,
         coupling: Optional[str] = None, generate_kwargs: Optional[dict] = None, quiet: bool = False,
-        num_threads: Optional[int] = None, model_options: Optional[dict] = None) -> Optional[dict]:
+        num_threads: Optional[int] = None, model_options: Optional[dict] = None,
+        tree: Optional[tuple] = None) -> Optional[dict]:
     """Generate every (mode, prompt) image of the run in ``out`` (skipping complete ones); the summary on rank 0.
 
     Call it in every process of a torchrun job (or in one plain process). Returns the summary dict on rank 0 and
@@ -132,7 +134,7 @@ def run(model: str, prompts_file: str, modes, out: str, *, seed: int = 0, batch_
     """
     begin = time.perf_counter()
     spec = RunSpec(model, prompts_file, modes, out, seed, batch_size, coupling, dict(generate_kwargs or {}),
-                   dict(model_options or {}))
+                   dict(model_options or {}), None if tree is None else tuple(tree))
     ctx = Dist.init()
     threads = torch.get_num_threads()
     lock, log, ok = None, None, False
@@ -183,8 +185,20 @@ def _check_arguments(spec: RunSpec, num_threads: Optional[int], device: torch.de
         given = {k: v for k, v in spec.generate_kwargs.items() if v is not None}
         check_backend(given.pop("backend", None), device)
         check_generate("csd", spec.coupling, **given)  # (the coupling applies to the run's sjd and csd items)
+        _check_tree(spec, modes, given.get("window"))
     check_out(spec.out)
     return modes
+
+
+def _check_tree(spec: RunSpec, modes: list, window: Optional[int]) -> None:
+    """--tree applies to the run's sjd items: checked as they run it (generate()'s default window unless given)."""
+    if spec.tree is None:
+        return
+    if "sjd" not in modes:
+        raise UsageError(f"--tree {','.join(map(str, spec.tree))}: a draft tree applies to the run's sjd items; "
+                         f"--modes {','.join(modes)} has none")
+    window = inspect.signature(generate).parameters["window"].default if window is None else window
+    check_tree(spec.tree, "sjd", window, spec.coupling, static=True)
 
 
 def _set_threads(ctx: Dist, num_threads: Optional[int]) -> None:
@@ -227,6 +241,7 @@ def _prepare(spec: RunSpec, device: torch.device) -> dict:
     settings = _generate_settings(entry, spec.generate_kwargs)
     with as_flags():  # the model's defaults filled in
         check_generate("csd", spec.coupling, **{k: v for k, v in settings.items() if k != "backend"})
+        _check_tree(spec, spec.modes, settings["window"])
     manifest = _manifest(spec, prompts, settings)
     writable_dir(spec.out)
     lock = RunLock(spec.out).acquire()
@@ -256,6 +271,7 @@ def _manifest(spec: RunSpec, prompts: list, settings: dict) -> dict:
     return {
         "format": FORMAT, "model": spec.model, "model_options": zoo.describe_options(spec.model_options),
         "modes": list(spec.modes), "seed": int(spec.seed), "coupling": spec.coupling,
+        "tree": None if spec.tree is None else list(spec.tree),
         "prompts_file": os.path.abspath(spec.prompts_file), "num_prompts": len(prompts),
         "prompts_sha256": hashlib.sha256("\n".join(prompts).encode()).hexdigest(),
         "prompts_file_sha256": hashlib.sha256(raw).hexdigest(),
@@ -341,10 +357,11 @@ def _generate_batch(ctx: Dist, spec: RunSpec, entry, prompts: list, settings: di
                     steps: int):
     """Generate one batch of one mode and write its images; yields each record once its files are on disk."""
     mode = batch[0][0]
+    tree = dict(tree=spec.tree, static=True) if spec.tree is not None and mode == "sjd" else {}
     t0 = time.perf_counter()
     result = generate(entry.model, **entry.prompt_inputs([prompts[index] for _, index, _ in batch]), mode=mode,
                       seed=[s for _, _, s in batch], coupling=spec.coupling if mode in ("sjd", "csd") else None,
-                      progress=False, **settings)
+                      progress=False, **settings, **tree)
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     wall = time.perf_counter() - t0
@@ -358,6 +375,7 @@ def _generate_batch(ctx: Dist, spec: RunSpec, entry, prompts: list, settings: di
         record = {
             "format": FORMAT, "mode": mode, "index": index, "prompt": prompts[index], "seed": s,
             "coupling": (spec.coupling or "default") if mode in ("sjd", "csd") else None,
+            "tree": list(spec.tree) if tree else None,
             "forward_passes": int(per_row[row]), "accepted": [int(a[row]) for a in result.accepted if a[row] > 0],
             "mean_distortion": float(distortion[row]),
             "wall_seconds": wall / len(batch), "batch_wall_seconds": wall, "batch_size": len(batch),

@@ -41,7 +41,7 @@ def summarize(gathered, modes, prompts, entry, manifest, tokens_per_image, world
         stats["speedup_vs_ar"] = ar_passes / stats["forward_passes_per_image"]["mean"]
     summary = {
         "model": manifest["model"], "modes": list(modes), "num_prompts": len(prompts), "seed": manifest["seed"],
-        "generate": manifest["generate"], "coupling": manifest["coupling"],
+        "generate": manifest["generate"], "coupling": manifest["coupling"], "tree": manifest.get("tree"),
         "world_size": world_size, "batch_size": batch_size, "tokens_per_image": tokens_per_image,
         "images": len(records), "expected_images": len(prompts) * len(modes),
         "generated_this_run": sum(p["generated"] for p in gathered),

@@ -126,8 +126,9 @@ class LlamaGenAdapter:
     # ------------------------------------------------------------------------------------------------------------------
     # the static form
     # ------------------------------------------------------------------------------------------------------------------
-    def static_cache(self, window: int) -> None:
-        """The next prefill (only) allocates a per-row static cache with room for ``window`` inputs past the grid."""
+    def static_cache(self, window: int, tree=None) -> None:
+        """The next prefill (only) allocates a per-row static cache with room for ``window`` inputs past the grid
+        (a tree's inputs take one slot each: ``tree`` changes nothing here)."""
         self._static_window = int(window)
 
     def _start_static(self, cond: torch.Tensor, window: int) -> int:
