@@ -22,11 +22,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .validation import TREE_MODES
+
 LAMBDAS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
 TAUS = (0.3, 0.65, 1.0)
 CSD_COUPLINGS = ("independent", "maximal")
 TREES = ((2, 2), (3, 2))  # (K, D) of the draft-tree settings (generate(tree=...), the static loop; docs/trees.md)
-TREE_MODES = ("sjd",)  # modes that get tree settings; csd (with the maximal coupling) once generate() takes csd trees
 BATCH = 16
 SPEEDUP_TARGET = 3.0
 METRICS = ("passes", "batch_passes", "distortion", "accuracy", "frechet", "wall_per_image")

@@ -19,9 +19,9 @@ import torch
 from . import reference as ref
 from .dispatch import BACKENDS, backend_status
 
-__all__ = ["ArgumentError", "Rule", "RULES", "MODES", "DRAFT_INITS", "MAX_IMAGES", "check", "check_settings",
-           "check_generate", "check_tree", "row_seeds", "check_prompt", "check_prompt_ids", "check_device",
-           "check_backend"]
+__all__ = ["ArgumentError", "Rule", "RULES", "MODES", "DRAFT_INITS", "MAX_IMAGES", "TREE_MODES", "check",
+           "check_settings", "check_generate", "check_tree", "row_seeds", "check_prompt", "check_prompt_ids",
+           "check_device", "check_backend"]
 
 MODES = ("ar", "jd", "sjd", "gsd", "csd")
 DRAFT_INITS = ("uniform", "above")
@@ -168,6 +168,8 @@ def check_generate(mode: str, coupling: Optional[str] = None, **settings) -> str
                                                   "their next drafts)")
     return "independent"
 
+TREE_MODES = ("sjd", "csd")  # the modes that take tree=(K, D)
+
 
 def check_tree(tree, mode: str, window: int, coupling: Optional[str], static: Optional[bool]) -> Optional[tuple]:
     """tree=(K, D) for generate(): None, or K >= 1 and D >= 1 ints whose (K^D − 1)/(K − 1) draft nodes fit in the
@@ -188,7 +190,7 @@ def check_tree(tree, mode: str, window: int, coupling: Optional[str], static: Op
     if nodes > window - 1:
         raise ArgumentError("tree", tree, f"a tree whose (K^D - 1)/(K - 1) = {nodes} draft nodes fit in the W - 1 = "
                                           f"{window - 1} draft slots of the window ({where})")
-    if mode not in ("sjd", "csd"):
+    if mode not in TREE_MODES:
         raise ArgumentError("tree", tree, f"None with mode {mode!r}: draft trees run with mode 'sjd' or 'csd' only "
                                           f"({where})")
     if coupling not in (None, "maximal"):

@@ -16,16 +16,23 @@ def _row(passes, accuracy, frechet, std=0.0):
 
 def test_grid():
     grid = frontier.settings()
-    assert len(grid) == 5 + 2 * 6 * 3 + 1 + 2  # ar, sjd x3, gsd; csd x couplings x λ x τ; sjd+maximal static, x trees
+    # ar, sjd x3, gsd; csd x couplings x λ x τ; sjd+maximal static, sjd+maximal+tree x trees, csd+maximal+tree x
+    # trees x λ x τ
+    assert len(grid) == 5 + 2 * 6 * 3 + 1 + 2 + 2 * 6 * 3
     assert len({s.label for s in grid}) == len(grid)
-    assert [s.label for s in grid if s.lossless] == ["ar", "sjd", "sjd+maximal", "sjd+gumbel"] + [
-        s.label for s in grid if s.mode == "csd" and s.entropy_coef == 0.0] + [
-        "sjd+maximal static", "sjd+maximal+tree 2x2", "sjd+maximal+tree 3x2"]
-    assert grid[-3].generate_kwargs() == dict(mode="sjd", coupling="maximal", static=True)
+    chain_csd = [s.label for s in grid if s.mode == "csd" and s.entropy_coef == 0.0 and s.tree is None]
+    tree_csd = [s.label for s in grid if s.mode == "csd" and s.entropy_coef == 0.0 and s.tree is not None]
+    assert [s.label for s in grid if s.lossless] == ["ar", "sjd", "sjd+maximal", "sjd+gumbel"] + chain_csd + [
+        "sjd+maximal static", "sjd+maximal+tree 2x2", "sjd+maximal+tree 3x2"] + tree_csd
+    assert len(tree_csd) == 2 * 3
+    tree_rows = [s for s in grid if s.tree is not None or s.static]
+    assert tree_rows[0].generate_kwargs() == dict(mode="sjd", coupling="maximal", static=True)
+    assert tree_rows[2].generate_kwargs() == dict(mode="sjd", coupling="maximal", static=True, tree=(3, 2))
+    assert grid[-1].generate_kwargs() == dict(mode="csd", coupling="maximal", entropy_coef=1.0, tvd_threshold=1.0,
+                                              static=True, tree=(3, 2))
     assert Setting("x", "csd", "maximal", 0.25, 0.3).generate_kwargs() == dict(
         mode="csd", coupling="maximal", entropy_coef=0.25, tvd_threshold=0.3)
     assert Setting("ar", "ar").generate_kwargs() == dict(mode="ar", coupling=None)
-    assert grid[-1].generate_kwargs() == dict(mode="sjd", coupling="maximal", static=True, tree=(3, 2))
 
 
 def test_tree_settings():

@@ -28,7 +28,7 @@ import torch
 from .. import zoo
 from ..decoding import MODES, generate
 from ..usage import UsageError, as_flags, check_out, writable_dir
-from ..validation import check, check_backend, check_generate, check_tree
+from ..validation import TREE_MODES, check, check_backend, check_generate, check_tree
 from .files import (
     FORMAT,
     LOCK,
@@ -119,7 +119,7 @@ class RunSpec:
     coupling: Optional[str] = None
     generate_kwargs: dict = field(default_factory=dict)
     model_options: dict = field(default_factory=dict)  # weights, config, ... (zoo.load keywords)
-    tree: Optional[tuple] = None  # (K, D): a draft tree for the run's sjd items (the static loop)
+    tree: Optional[tuple] = None  # (K, D): a draft tree for the run's sjd and csd items (the static loop)
 
 
 def run(model: str, prompts_file: str, modes, out: str, *, seed: int = 0, batch_size: int = 16,
@@ -191,12 +191,13 @@ def _check_arguments(spec: RunSpec, num_threads: Optional[int], device: torch.de
 
 
 def _check_tree(spec: RunSpec, modes: list, window: Optional[int]) -> None:
-    """--tree applies to the run's sjd items: checked as they run it (generate()'s default window unless given)."""
+    """--tree applies to the run's sjd and csd items: checked as they run it (generate()'s default window unless
+    given)."""
     if spec.tree is None:
         return
-    if "sjd" not in modes:
-        raise UsageError(f"--tree {','.join(map(str, spec.tree))}: a draft tree applies to the run's sjd items; "
-                         f"--modes {','.join(modes)} has none")
+    if not set(TREE_MODES) & set(modes):
+        raise UsageError(f"--tree {','.join(map(str, spec.tree))}: a draft tree applies to the run's sjd and csd "
+                         f"items; --modes {','.join(modes)} has none")
     window = inspect.signature(generate).parameters["window"].default if window is None else window
     check_tree(spec.tree, "sjd", window, spec.coupling, static=True)
 
@@ -357,7 +358,7 @@ def _generate_batch(ctx: Dist, spec: RunSpec, entry, prompts: list, settings: di
                     steps: int):
     """Generate one batch of one mode and write its images; yields each record once its files are on disk."""
     mode = batch[0][0]
-    tree = dict(tree=spec.tree, static=True) if spec.tree is not None and mode == "sjd" else {}
+    tree = dict(tree=spec.tree, static=True) if spec.tree is not None and mode in TREE_MODES else {}
     t0 = time.perf_counter()
     result = generate(entry.model, **entry.prompt_inputs([prompts[index] for _, index, _ in batch]), mode=mode,
                       seed=[s for _, _, s in batch], coupling=spec.coupling if mode in ("sjd", "csd") else None,
