@@ -681,14 +681,15 @@ def tree_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch: int, slots: i
     return uniform_from_bits(lane0), uniform_from_bits(lane1)
 
 
-def tree_gumbel_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch: int, levels: int, vocab: int):
-    """[B, levels, V] float32 uniforms of the tree stream for the sibling candidates: counter (v >> 2, level,
-    offset_lo, TAG | row_id), lane v & 3."""
+def tree_gumbel_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch: int, levels: int, vocab: int,
+                         first: int = 0):
+    """[B, levels - first, V] float32 uniforms of the tree stream for the sibling candidates of levels first ..
+    levels - 1: counter (v >> 2, level, offset_lo, TAG | row_id), lane v & 3."""
     k0, k1, off, tag = (w[:, None, None] for w in _tree_words(seed, offset, batch))
     token = torch.arange(vocab, dtype=torch.int64, device=k0.device)
-    level = torch.arange(levels, dtype=torch.int64, device=k0.device)
+    level = torch.arange(first, levels, dtype=torch.int64, device=k0.device)
     lanes = philox4x32((token >> 2)[None, None, :], level[None, :, None], off, tag, k0, k1)
-    bits = torch.stack(lanes, -1).gather(-1, (token & 3).expand(batch, levels, vocab)[..., None]).squeeze(-1)
+    bits = torch.stack(lanes, -1).gather(-1, (token & 3).expand(batch, levels - first, vocab)[..., None]).squeeze(-1)
     return uniform_from_bits(bits)
 
 

@@ -66,19 +66,19 @@ def tree_step(adapter, run: Settings, state: StaticState, layout: ref.TreeLayout
     adapter.keep_path(n - 1, torch.where(active[:, None], res.path, -1))
     _commit(state, run, res, chain, grid_pos, current, active, win_end, levels)
 
+
 def _node_tokens(run: Settings, state: StaticState, layout: ref.TreeLayout, main, q) -> torch.Tensor:
     """[B, W] each slot's token: slot 0 unused (-1 here), the main draft or a sibling candidate of its level; no
-    siblings where the position has no main draft."""
+    siblings where the position has no main draft, nor at level 1 (one node: the root's only child)."""
     depth = layout.depth.to(main.device)
     rank = layout.rank.to(main.device)
-    tree_levels = layout.depth_limit
-    u = ref.tree_gumbel_uniforms(run.seeds, state.attempts, main.shape[0], tree_levels, run.vocab)
-    cand = ref.tree_candidates(main[:, :tree_levels], q[:, :tree_levels].float(), layout.branching, u)
-    cand = torch.where(main[:, :tree_levels, None] >= 0, cand, -1)  # [B, D, K]
-    pad = torch.full((main.shape[0], main.shape[1] - tree_levels, cand.shape[2]), -1, dtype=cand.dtype,
-                     device=cand.device)
-    cand = torch.cat([cand, pad], 1)
-    cand[:, tree_levels:, 0] = main[:, tree_levels:]
+    batch, tree_levels, branching = main.shape[0], layout.depth_limit, layout.branching
+    cand = torch.full((batch, main.shape[1], branching), -1, dtype=main.dtype, device=main.device)
+    cand[:, :, 0] = main
+    if tree_levels > 1 and branching > 1:
+        u = ref.tree_gumbel_uniforms(run.seeds, state.attempts, batch, tree_levels, run.vocab, first=1)
+        siblings = ref.tree_candidates(main[:, 1:tree_levels], q[:, 1:tree_levels].float(), branching, u)
+        cand[:, 1:tree_levels] = torch.where(main[:, 1:tree_levels, None] >= 0, siblings, -1)  # [B, D - 1, K]
     tokens = cand[:, depth[1:] - 1, rank[1:]]
     return torch.cat([torch.full_like(tokens[:, :1], -1), tokens], 1)
 
