@@ -106,3 +106,19 @@ def test_tree_candidates_kernel_compiles_for_sm90():
     rows = json.loads(result.stdout.strip().splitlines()[-1])
     assert [row["kernel"] for row in rows] == ["tree_candidates_kernel"] * 2
     assert all(0 < row["registers"] <= 255 and row["spill_store_bytes"] == 0 for row in rows)
+
+
+@pytest.mark.parametrize("offset, winner", [(332, 8198), (664, 2439)])
+def test_uniform_q_ties_go_to_the_lowest_token_everywhere(offset, winner):
+    """Uniform q, V = 16384: at these offsets (seed 5, level 1) the two largest uniforms are equal (8198 / 8564 and
+    2439 / 9994): the reference, the C++ extension and the Triton kernel all pick the lower token."""
+    seeds, offsets, main = torch.tensor([5]), torch.tensor([offset]), torch.tensor([[-1]])
+    q = torch.full((1, 1, 16384), 1 / 16384)
+    want = [[[-1, winner]]]
+    assert _expected(seeds, offsets, main, q, 2, first=1).tolist() == want
+    if compiled_extension() is not None:
+        assert compiled_extension().tree_candidates(seeds, offsets, main, q, 2, 1).tolist() == want
+    if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available():
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        args = (t.to(device) for t in (seeds, offsets, main, q))
+        assert tree_drafts._triton_candidates(*args, 2, 1).tolist() == want
