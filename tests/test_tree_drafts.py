@@ -122,3 +122,17 @@ def test_uniform_q_ties_go_to_the_lowest_token_everywhere(offset, winner):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         args = (t.to(device) for t in (seeds, offsets, main, q))
         assert tree_drafts._triton_candidates(*args, 2, 1).tolist() == want
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nonfinite_q_gives_missing_candidates_like_the_reference(bad):
+    """A NaN or +inf in q (invalid draft probabilities, flagged by the verification ops) ranks first with a
+    non-finite key: -1 at that rank, the other candidates as the reference."""
+    seeds, offsets, main, q = _case(2, 2, 512, seed=3, per_row=False)
+    q[1, 0, 77] = bad
+    want = _expected(seeds, offsets, main, q, 4, first=1)
+    assert int(want[1, 0, 1]) == -1 and bool((want[1, 0, 2:] >= 0).all())
+    if compiled_extension() is not None:
+        assert torch.equal(compiled_extension().tree_candidates(seeds, offsets, main, q, 4, 1), want)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        assert torch.equal(tree_drafts._triton_candidates(seeds, offsets, main, q, 4, 1, block=128), want)

@@ -1,7 +1,7 @@
 // CPU kernel of the sibling candidates of a draft tree (reference.tree_candidates on the uniforms of
 // reference.tree_gumbel_uniforms): per (row, level), Gumbel-top-(K-1) of log q with the main draft removed, in one pass
 // over the vocabulary that keeps the best K-1 keys. The tree stream's Philox runs once per group of 4 tokens, and only
-// for groups that hold a token whose key could still enter (log q + the largest Gumbel noise). Keys are
+// for groups that hold a token whose key could still enter, the logs only for the tokens whose (q, u) could. Keys are
 // log q - log(-log u) in IEEE fp32 (std::log); ties go to the lowest token (the reference's stable sort).
 #include "tree_candidates.h"
 
@@ -37,28 +37,36 @@ struct TopKeys {
   float floor() const { return n == capacity ? key[n - 1] : -std::numeric_limits<float>::infinity(); }
 };
 
+// Tokens whose key cannot reach the kept keys' floor f: q < exp(f - 17) (the largest noise), and, as -log u >= 1 - u,
+// q < (1 - u)·exp(f - 0.01) (log q - log(1 - u) bounds the key; the margin is far above the keys' fp32 rounding).
+struct Bounds {
+  double q = 0.0, scale = 0.0;
+  void update(float floor) {
+    q = std::exp(static_cast<double>(floor) - kGumbelBound);
+    scale = std::exp(static_cast<double>(floor) - 0.01);
+  }
+  bool below(float x) const { return static_cast<double>(x) < q; }  // false for NaN bounds and NaN q
+  bool below(float x, float u) const { return static_cast<double>(x) < (1.0 - static_cast<double>(u)) * scale; }
+};
+
 void candidates_of_level(const float* q, int64_t V, int64_t main, const RowKey& key, uint32_t level, int64_t offset,
                          int siblings, int64_t* out) {
   TopKeys top;
   top.capacity = siblings;
+  Bounds bound;
   for (int64_t g = 0; g < V; g += 4) {
-    float lq[4];
-    bool any = false;
     const int64_t end = g + 4 < V ? g + 4 : V;
-    for (int64_t v = g; v < end; ++v) {
-      const float x = q[v];
-      lq[v - g] = std::log(x);
-      // q <= 0 or the main draft: key -inf, never a candidate; a NaN q keeps its NaN key as the reference does
-      const bool masked = v == main || x <= 0.0f;
-      if (masked) lq[v - g] = -std::numeric_limits<float>::infinity();
-      any |= !masked && !(lq[v - g] + kGumbelBound < top.floor());
-    }
+    bool any = false;
+    for (int64_t v = g; v < end; ++v) any |= v != main && !(q[v] <= 0.0f) && !bound.below(q[v]);
     if (!any) continue;
     const Philox4 bits = tree_gumbel_bits(key, level, offset, static_cast<uint32_t>(g >> 2));
     for (int64_t v = g; v < end; ++v) {
-      if (lq[v - g] == -std::numeric_limits<float>::infinity()) continue;
-      const float u = uniform_from_bits(bits.x[v & 3]);
-      top.offer(lq[v - g] - std::log(-std::log(u)), v);
+      const float x = q[v], u = uniform_from_bits(bits.x[v & 3]);
+      // q <= 0 or the main draft: key -inf, never a candidate; a NaN q keeps its NaN key as the reference does
+      if (v == main || x <= 0.0f || bound.below(x, u)) continue;
+      const float floor = top.floor();
+      top.offer(std::log(x) - std::log(-std::log(u)), v);
+      if (top.floor() != floor) bound.update(top.floor());
     }
   }
   for (int r = 0; r < siblings; ++r) out[r] = r < top.n && std::isfinite(top.key[r]) ? top.token[r] : -1;
