@@ -23,8 +23,8 @@ def tree_candidates(seed: torch.Tensor, offset: torch.Tensor, main_tokens: torch
     if q.dim() != 3 or main_tokens.shape != q.shape[:2]:
         raise ValueError(f"main_tokens: expected [B, P] matching q [B, P, V], got {tuple(main_tokens.shape)} and "
                          f"{tuple(q.shape)}")
-    if branching < 1:
-        raise ValueError(f"branching: expected >= 1, got {branching}")
+    if not 1 <= branching <= q.shape[-1] + 1:
+        raise ValueError(f"branching: expected 1 .. V + 1 = {q.shape[-1] + 1}, got {branching}")
     if first < 0:
         raise ValueError(f"first: expected >= 0, got {first}")
     device, fp32 = q.device, q.dtype == torch.float32

@@ -89,12 +89,13 @@ def test_reference_ties_go_to_the_lowest_token():
     assert cand.tolist() == [[[2, 40, 0, 1, 3]]]
 
 
-def test_tree_candidates_reject_bad_shapes():
-    q = torch.full((2, 3, 8), 1 / 8)
-    with pytest.raises(ValueError, match="main_tokens"):
-        tree_drafts.tree_candidates(torch.tensor([1]), torch.tensor([0]), torch.zeros(2, 2, dtype=torch.int64), q, 3, 1)
-    with pytest.raises(ValueError, match="branching"):
-        tree_drafts.tree_candidates(torch.tensor([1]), torch.tensor([0]), torch.zeros(2, 3, dtype=torch.int64), q, 0, 1)
+def test_tree_candidates_reject_bad_input():
+    q, seed, offset = torch.full((2, 3, 8), 1 / 8), torch.tensor([1]), torch.tensor([0])
+    main = torch.zeros(2, 3, dtype=torch.int64)
+    for args, name in [((main[:, :2], q, 3, 1), "main_tokens"), ((main, q, 0, 1), "branching"),
+                       ((main, q, 10, 1), "branching"), ((main, q, 3, -1), "first")]:
+        with pytest.raises(ValueError, match=name):
+            tree_drafts.tree_candidates(seed, offset, *args)
 
 
 def test_tree_candidates_kernel_compiles_for_sm90():
