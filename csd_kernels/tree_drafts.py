@@ -13,6 +13,8 @@ from .dispatch import backend_status, compiled_extension
 
 __all__ = ["tree_candidates"]
 
+MAX_BRANCHING = 65  # the kernels keep at most 64 siblings (csrc/cpu/tree_candidates.cpp); wider trees: the reference
+
 
 def tree_candidates(seed: torch.Tensor, offset: torch.Tensor, main_tokens: torch.Tensor, q: torch.Tensor,
                     branching: int, first: int) -> torch.Tensor:
@@ -28,7 +30,7 @@ def tree_candidates(seed: torch.Tensor, offset: torch.Tensor, main_tokens: torch
     if first < 0:
         raise ValueError(f"first: expected >= 0, got {first}")
     device, fp32 = q.device, q.dtype == torch.float32
-    if torch.compiler.is_compiling() or not fp32 or branching == 1:  # traced: the reference, which torch.compile fuses
+    if torch.compiler.is_compiling() or not fp32 or not 1 < branching <= MAX_BRANCHING:  # traced: the reference
         return _reference(seed, offset, main_tokens, q, branching, first)
     if device.type == "cpu" and compiled_extension() is not None:
         return compiled_extension().tree_candidates(seed, offset, main_tokens, q, branching, first)
