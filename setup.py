@@ -5,9 +5,10 @@
 --no-build-isolation builds against the torch already installed in the environment (the extension must match the
 torch it is loaded into); pyproject.toml lists the build requirements for isolated builds.
 
-The extension is csd_kernels._C: python/bindings.cpp + the CPU kernels (csrc/cpu/verify.cpp, verify_tree.cpp). When
-torch has CUDA (torch.version.cuda) and nvcc / CUDA_HOME is found, it becomes a CUDAExtension that also compiles the
-CUDA kernels (csrc/cuda/verify*.cu + their glue .cpp, -DCSD_WITH_CUDA). Environment:
+The extension is csd_kernels._C: python/bindings.cpp + the CPU kernels (csrc/cpu/verify.cpp, verify_tree.cpp,
+tree_candidates.cpp). When torch has CUDA (torch.version.cuda) and nvcc / CUDA_HOME is found, it becomes a
+CUDAExtension that also compiles the CUDA kernels (csrc/cuda/verify*.cu + their glue .cpp, -DCSD_WITH_CUDA).
+Environment:
     CSD_KERNELS_CUDA=0    never build the CUDA kernel
     CSD_KERNELS_CUDA=1    require it (error when torch has no CUDA or nvcc is missing)
     CSD_KERNELS_CUDA_ARCH (optional) TORCH_CUDA_ARCH_LIST to use, default "8.0;9.0" when unset
@@ -52,7 +53,7 @@ def _extensions():
     # the libgomp that torch already loads). -ffp-contract=off / no fast-math: IEEE fp32 like the reference.
     cxx = ["-O3", "-g0", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno", "-Wno-psabi",
            "-fopenmp"]
-    sources = ["python/bindings.cpp", "csrc/cpu/verify.cpp", "csrc/cpu/verify_tree.cpp"]
+    sources = ["python/bindings.cpp", "csrc/cpu/verify.cpp", "csrc/cpu/verify_tree.cpp", "csrc/cpu/tree_candidates.cpp"]
     include_dirs = [os.path.join(ROOT, "csrc")]
     if _cuda_wanted(torch, cpp_extension.CUDA_HOME):
         if "TORCH_CUDA_ARCH_LIST" not in os.environ:

@@ -695,7 +695,8 @@ def tree_gumbel_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch: int, l
 
 def tree_candidates(main_tokens: torch.Tensor, q: torch.Tensor, branching: int, uniforms: torch.Tensor):
     """cand [B, P, K]: rank 0 the main draft, ranks 1..K-1 Gumbel-top-(K-1) of log q with the main draft removed —
-    given x_1 ~ q, (x_1, .., x_K) are K draws from q without replacement. -1 where q has no mass left.
+    given x_1 ~ q, (x_1, .., x_K) are K draws from q without replacement. -1 where q has no mass left. Equal keys go
+    to the lowest token (a uniform q ties whenever two 23-bit uniforms do; topk's order among ties is unspecified).
 
     Shape: main_tokens [B, P] (-1: none), q [B, P, V], uniforms [B, P, V] in (0, 1)."""
     if branching == 1:
@@ -703,8 +704,9 @@ def tree_candidates(main_tokens: torch.Tensor, q: torch.Tensor, branching: int, 
     keys = torch.log(q) - torch.log(-torch.log(uniforms.to(q.dtype)))
     main = torch.nn.functional.one_hot(main_tokens.clamp(min=0), q.shape[-1]).bool() & (main_tokens >= 0)[..., None]
     keys = keys.masked_fill(main | (q <= 0), float("-inf"))
-    top = keys.topk(branching - 1, dim=-1)
-    siblings = torch.where(torch.isfinite(top.values), top.indices, -1)
+    top = keys.sort(dim=-1, descending=True, stable=True)
+    values, indices = top.values[..., :branching - 1], top.indices[..., :branching - 1]
+    siblings = torch.where(torch.isfinite(values), indices, -1)
     return torch.cat([main_tokens[..., None], siblings], -1)
 
 

@@ -179,6 +179,20 @@ def compile_draft_kernel(arch: int = 90) -> ResourceReport:
     return ResourceReport("fresh draft tokens, L=16", "draft_tokens_kernel", 16, 1, **resources)
 
 
+def compile_tree_candidates_kernel(vocab: int = 16384, branching: int = 3, arch: int = 90) -> ResourceReport:
+    """The sibling-candidate kernel of the tree loop (csd_kernels/triton_kernels/tree_candidates.py)."""
+    from .tree_drafts import candidate_block
+    from .triton_kernels.tree_candidates import tree_candidates_kernel
+
+    block = candidate_block(vocab)
+    constexprs = {"PER_ROW_SEED": True, "SIBLINGS": branching - 1,
+                  "BLOCK_K": max(2, 1 << (branching - 2).bit_length()), "BLOCK_V": block}
+    signature = {name: "constexpr" if name in constexprs else "*fp32" if name == "q_ptr"
+                 else "*i64" if name.endswith("_ptr") else "i32" for name in tree_candidates_kernel.arg_names}
+    resources = _compile(tree_candidates_kernel, signature, constexprs, 4, arch)
+    return ResourceReport(f"tree candidates V={vocab} K={branching}", "tree_candidates_kernel", block, 4, **resources)
+
+
 def compile_tree_kernel(vocab: int = 16384, *, greedy: bool = False, top_k: bool = False, csd_rule: bool = True,
                         logits_dtype: str = "bfloat16", arch: int = 90) -> ResourceReport:
     """The tree verification kernel (csd_kernels/triton_kernels/tree.py) with CFG, as triton_tree launches it."""
@@ -258,6 +272,7 @@ def main(argv=None) -> None:
     reports = [r for v in (quick_variants() if args.quick else variants()) for r in compile_variant(v, args.arch)]
     reports.append(compile_draft_kernel(args.arch))
     reports.append(compile_tree_kernel(arch=args.arch))
+    reports.append(compile_tree_candidates_kernel(arch=args.arch))
     print(format_table(reports))
     if args.json:
         rows = [dict(variant=r.label, kernel=r.kernel, block=r.block, num_warps=r.num_warps,

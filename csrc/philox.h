@@ -115,4 +115,11 @@ CSD_HD Philox4 tree_bits(const RowKey& key, uint32_t slot, int64_t offset) {
   return philox4x32_10(slot, 0x80000000u, off_lo, kTreeStreamTag | (key.row_id & 0x3FFFFFFFu), key.k0, key.k1);
 }
 
+// Tree stream, sibling candidates (reference.tree_gumbel_uniforms): one call per group of 4 tokens at tree level
+// `level`, counter (v >> 2, level, offset_lo, TAG | row_id), lane v & 3.
+CSD_HD Philox4 tree_gumbel_bits(const RowKey& key, uint32_t level, int64_t offset, uint32_t group) {
+  const uint32_t off_lo = static_cast<uint32_t>(static_cast<uint64_t>(offset));
+  return philox4x32_10(group, level, off_lo, kTreeStreamTag | (key.row_id & 0x3FFFFFFFu), key.k0, key.k1);
+}
+
 }  // namespace csd

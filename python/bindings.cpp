@@ -4,6 +4,8 @@
 // * torch.ops.csd_kernels.verify_rows: schema below, CPU implementation in csrc/cpu/verify.cpp and (CUDA builds,
 //   -DCSD_WITH_CUDA) CUDA implementation in csrc/cuda/verify_glue.cpp. The Python fake (meta) implementation and
 //   the user-facing wrapper are registered on the Python side.
+// * tree_candidates: the sibling candidates of a draft tree on the CPU (csrc/cpu/tree_candidates.cpp), called by
+//   csd_kernels/tree_drafts.py.
 // * torch.ops.csd_kernels.verify_tree_rows: the fused tree verification (csrc/tree_row.h), CPU implementation in
 //   csrc/cpu/verify_tree.cpp, CUDA in csrc/cuda/tree_glue.cpp; wrapper and fake in csd_kernels/tree_ops.py.
 #include <ATen/ATen.h>
@@ -14,6 +16,7 @@
 #include <map>
 #include <string>
 
+#include "../csrc/cpu/tree_candidates.h"
 #include "../csrc/philox.h"
 #include "../csrc/tree_glue.h"
 #include "../csrc/verify_glue.h"
@@ -137,6 +140,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("vocab"));
   m.def("gumbel_uniforms", &gumbel_uniforms, "uniforms of the gumbel stream, [B, L, V] float32",
         pybind11::arg("seed"), pybind11::arg("positions"), pybind11::arg("length"), pybind11::arg("vocab"));
+  m.def("tree_candidates", &csd::tree_candidates_cpu,
+        "sibling candidates of a draft tree, [B, P, K] int64 (reference.tree_candidates on the tree stream)",
+        pybind11::arg("seed"), pybind11::arg("offset"), pybind11::arg("main_tokens"), pybind11::arg("q"),
+        pybind11::arg("branching"), pybind11::arg("first"));
   m.def("_set_cpu_isa", &csd::set_cpu_isa,
         "Tests: CPU code path of verify_rows: 'auto' (= 'avx512'), 'avx2' or 'baseline' (capped at what the CPU has)");
   m.def("cpu_isa", &csd::cpu_isa, "The CPU code path verify_rows uses now: 'avx512', 'avx2' or 'baseline'");

@@ -21,6 +21,7 @@ import torch
 from .. import reference as ref
 from ..drafts import random_draft_tokens
 from ..ops import verify
+from ..tree_drafts import tree_candidates
 from ..tree_ops import verify_tree
 from .static import StaticState, _draft_probs
 from .steps import Settings
@@ -76,8 +77,8 @@ def _node_tokens(run: Settings, state: StaticState, layout: ref.TreeLayout, main
     cand = torch.full((batch, main.shape[1], branching), -1, dtype=main.dtype, device=main.device)
     cand[:, :, 0] = main
     if tree_levels > 1 and branching > 1:
-        u = ref.tree_gumbel_uniforms(run.seeds, state.attempts, batch, tree_levels, run.vocab, first=1)
-        siblings = ref.tree_candidates(main[:, 1:tree_levels], q[:, 1:tree_levels].float(), branching, u)
+        siblings = tree_candidates(run.seeds, state.attempts, main[:, 1:tree_levels], q[:, 1:tree_levels].float(),
+                                   branching, first=1)
         cand[:, 1:tree_levels] = torch.where(main[:, 1:tree_levels, None] >= 0, siblings, -1)  # [B, D - 1, K]
     tokens = cand[:, depth[1:] - 1, rank[1:]]
     return torch.cat([torch.full_like(tokens[:, :1], -1), tokens], 1)
