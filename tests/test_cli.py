@@ -61,8 +61,8 @@ def test_generate_runs_a_tree(tmp_path, monkeypatch):
 
 
 def test_run_takes_a_tree_for_its_sjd_items(tmp_path, capsys):
-    """csd run --tree K,D: sjd (and csd) items run the tree (recorded per item and in run.json), ar items the chain; a rerun
-    without the tree is refused (another run)."""
+    """csd run --tree K,D: sjd (and csd) items run the tree (recorded per item and in run.json), ar items the chain;
+    a rerun without the tree is refused (another run)."""
     from csd_kernels.runner.files import item_paths
 
     (tmp_path / "prompts.txt").write_text("7\n")
