@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "tree_row.h"
+#include "verify_glue.h"
 
 namespace csd {
 
@@ -39,21 +40,6 @@ struct PreparedTree {
   TreeProblem problem;
   TreeTuple as_tuple() const { return {accept_len, path, tokens, accept_prob, entropy, tvd, distortion, status}; }
 };
-
-inline int tree_logit_dtype(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return kLogitF32;
-    case at::kHalf:
-      return kLogitF16;
-    case at::kBFloat16:
-      return kLogitBF16;
-    default:
-      TORCH_CHECK(false, "csd_kernels.verify_tree_rows: target_logits must be float32, float16 or bfloat16, got ",
-                  t.scalar_type());
-  }
-  return -1;
-}
 
 inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std::optional<at::Tensor>& uncond_logits,
                                       const at::Tensor& node_tokens, const at::Tensor& draft_probs,
@@ -150,7 +136,7 @@ inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std
   prm.log_min_p = min_p > 0.0 ? static_cast<float>(std::log(min_p)) : -std::numeric_limits<float>::infinity();
   prm.probs_input = 0;
   prm.prob_sum_tolerance = kProbSumTolerance;
-  P.logit_dtype = tree_logit_dtype(target_logits);
+  P.logit_dtype = logit_dtype_code(target_logits, "target_logits", "csd_kernels.verify_tree_rows");
   P.logits = target_logits.data_ptr();
   P.lg_sB = target_logits.stride(0);
   P.lg_sS = target_logits.stride(1);

@@ -26,7 +26,7 @@ struct CheckedArgs {
   int64_t q_sV;
 };
 
-inline int logit_dtype_code(const at::Tensor& t, const char* name) {
+inline int logit_dtype_code(const at::Tensor& t, const char* name, const char* op = "csd_kernels.verify_rows") {
   switch (t.scalar_type()) {
     case at::kFloat:
       return kLogitF32;
@@ -35,8 +35,7 @@ inline int logit_dtype_code(const at::Tensor& t, const char* name) {
     case at::kBFloat16:
       return kLogitBF16;
     default:
-      TORCH_CHECK(false, "csd_kernels.verify_rows: ", name, " must be float32, float16 or bfloat16, got ",
-                  t.scalar_type());
+      TORCH_CHECK(false, op, ": ", name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
   }
   return -1;
 }

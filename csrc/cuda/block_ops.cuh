@@ -136,6 +136,41 @@ __device__ double block_exclusive_scan(double v, double* total, BlockShared<W>& 
   return before + inc - v;
 }
 
+// Exact k-th largest of load(v), v < n (ties counted): radix select over order-preserving keys, 8 bits at a time.
+template <int W, class Load>
+__device__ float block_kth_largest(Load load, int64_t n, int64_t k, BlockShared<W>& sh) {
+  uint32_t prefix = 0, mask = 0;
+  if (threadIdx.x == 0) sh.remaining = static_cast<int>(k);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int d = threadIdx.x; d < 256; d += W * 32) sh.hist[d] = 0;
+    __syncthreads();
+    for (int64_t v = threadIdx.x; v < n; v += W * 32) {
+      const uint32_t key = float_order_key(load(v));
+      if ((key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int cum = 0, rem = sh.remaining;
+      unsigned digit = 0;
+      for (int d = 255; d >= 0; --d) {
+        const int h = static_cast<int>(sh.hist[d]);
+        if (cum + h >= rem) {
+          digit = static_cast<unsigned>(d);
+          rem -= cum;
+          break;
+        }
+        cum += h;
+      }
+      sh.digit = digit;
+      sh.remaining = rem;
+    }
+    __syncthreads();
+    prefix |= sh.digit << shift;
+    mask |= 255u << shift;
+  }
+  return float_from_order_key(prefix);
+}
+
 // Everything one (row, position) needs to recompute z_v and p_v.
 template <typename T>
 struct Row {

@@ -30,41 +30,6 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 
-// Exact k-th largest of z (ties counted): radix select over order-preserving keys, 8 bits at a time.
-template <typename T>
-__device__ float block_kth_largest(const Row<T>& row, int64_t V, int64_t k, BlockShared<kWarps>& sh) {
-  uint32_t prefix = 0, mask = 0;
-  if (threadIdx.x == 0) sh.remaining = static_cast<int>(k);
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int d = threadIdx.x; d < 256; d += kThreads) sh.hist[d] = 0;
-    __syncthreads();
-    for (int64_t v = threadIdx.x; v < V; v += kThreads) {
-      const uint32_t key = float_order_key(row.z(v));
-      if ((key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], 1u);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int cum = 0, rem = sh.remaining;
-      unsigned digit = 0;
-      for (int d = 255; d >= 0; --d) {
-        const int h = static_cast<int>(sh.hist[d]);
-        if (cum + h >= rem) {
-          digit = static_cast<unsigned>(d);
-          rem -= cum;
-          break;
-        }
-        cum += h;
-      }
-      sh.digit = digit;
-      sh.remaining = rem;
-    }
-    __syncthreads();
-    prefix |= sh.digit << shift;
-    mask |= 255u << shift;
-  }
-  return float_from_order_key(prefix);
-}
-
 // The top-p threshold (reference.restrict_top_p): the largest order key t whose mass, the sum of exp(z - max) over
 // the kept z with key >= t, reaches top_p times the mass of every kept z; a bisection over the 32-bit keys (±0 share
 // one key, as torch compares them equal). The returned z keeps ties at the threshold.
@@ -178,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
     row.greedy_token = block_min_i64(first, sh);
   } else {
     if (prm.top_k > 0 && prm.top_k < V) {
-      row.thr = block_kth_largest(row, V, prm.top_k, sh);
+      row.thr = block_kth_largest([&row](int64_t v) { return row.z(v); }, V, prm.top_k, sh);
       row.has_thr = true;
     }
     if (prm.top_p < 1.0f) {

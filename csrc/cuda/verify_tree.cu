@@ -53,38 +53,8 @@ struct BlockExec {
     const int64_t found = block_argmax(best, idx, sh);
     return found < n ? found : 0;
   }
-  // Exact k-th largest z (ties counted): radix select over order-preserving keys, 8 bits at a time.
   __device__ float kth_largest(const float* z, int64_t n, int64_t k) const {
-    uint32_t prefix = 0, mask = 0;
-    if (threadIdx.x == 0) sh.remaining = static_cast<int>(k);
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int d = threadIdx.x; d < 256; d += kThreads) sh.hist[d] = 0;
-      __syncthreads();
-      for (int64_t v = threadIdx.x; v < n; v += kThreads) {
-        const uint32_t key = float_order_key(z[v]);
-        if ((key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], 1u);
-      }
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        int cum = 0, rem = sh.remaining;
-        unsigned digit = 0;
-        for (int d = 255; d >= 0; --d) {
-          const int h = static_cast<int>(sh.hist[d]);
-          if (cum + h >= rem) {
-            digit = static_cast<unsigned>(d);
-            rem -= cum;
-            break;
-          }
-          cum += h;
-        }
-        sh.digit = digit;
-        sh.remaining = rem;
-      }
-      __syncthreads();
-      prefix |= sh.digit << shift;
-      mask |= 255u << shift;
-    }
-    return float_from_order_key(prefix);
+    return block_kth_largest([z](int64_t v) { return z[v]; }, n, k, sh);
   }
   __device__ int64_t inverse_cdf(const float* w, int64_t n, float u) const {
     return block_inverse_cdf([w](int64_t v) { return w[v]; }, n, u, sh);
