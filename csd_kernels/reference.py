@@ -85,6 +85,7 @@ __all__ = [
     "output_distribution",
     "optimal_residual",
     "verify_tree",
+    "valid_levels",
     "TreeResult",
     "closed_form_distortion",
     "inverse_cdf_sample",
@@ -819,8 +820,9 @@ class TreeResult:
 
     Shape: accept_len [B] int64; path, tokens [B, M + 1] int64 (TreeWalk's); accept_prob, entropy, tvd,
     distortion [B, M + 1] float32 (0 after accept_len); status [B] int32 (STATUS_BAD_LOGITS: a visited node had bad
-    logits). entropy H(p) at the node; tvd ½Σ|p − q_i| (½ at i = M, no q); distortion csd's closed form at the node
-    (0 without a main draft below it, and under the strict rule)."""
+    logits; STATUS_BAD_DRAFT_PROBS: a level of draft_probs or sibling_probs was bad, see valid_levels). entropy H(p)
+    at the node; tvd ½Σ|p − q_i| (½ at i = M, no q); distortion csd's closed form at the node (0 without a main
+    draft below it, and under the strict rule)."""
 
     accept_len: torch.Tensor
     path: torch.Tensor
@@ -830,6 +832,15 @@ class TreeResult:
     tvd: torch.Tensor
     distortion: torch.Tensor
     status: torch.Tensor
+
+
+def valid_levels(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probs as float32 with bad rows zeroed, bad [B]): a row is bad as in verify's draft_probs (a negative or
+    non-finite value, or a sum off 1 by more than PROB_SUM_TOLERANCE); a zero q accepts nothing and the node emits
+    from p, so a bad level costs speed, never the law.  Shape: [B, M, V]."""
+    q = probs.float()
+    bad = ~(torch.isfinite(q) & (q >= 0)).all(-1) | ~((q.sum(-1) - 1).abs() <= PROB_SUM_TOLERANCE)
+    return torch.where(bad[..., None], torch.zeros_like(q), q), bad.any(-1)
 
 
 def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_probs: torch.Tensor,
@@ -846,10 +857,11 @@ def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_pr
     batch, slots, _ = target_logits.shape
     target = target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, torch.float32, top_p,
                                  min_p)
-    q = draft_probs.float()
+    q, bad_q = valid_levels(draft_probs)
+    sibling_q, bad_sibling = (None, bad_q) if sibling_probs is None else valid_levels(sibling_probs)
     u_accept, u_sample = tree_uniforms(seed, offset, batch, slots)
     walk = tree_walk(target.p, node_tokens.to(torch.int64), q, layout, u_accept, u_sample, target.support, rule,
-                     entropy_coef, tvd_threshold, None if sibling_probs is None else sibling_probs.float())
+                     entropy_coef, tvd_threshold, sibling_q)
     rows = torch.arange(batch, device=q.device)[:, None]
     on_path = walk.path >= 0
     node = walk.path.clamp(min=0)
@@ -863,8 +875,10 @@ def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_pr
     distortion = torch.where(has_draft & (rule == "csd"), closed_form_distortion(p_at, q_at, q_times_a), 0)
     zero = torch.zeros_like(h)
     status = (target.bad[rows, node] & on_path).any(-1).to(torch.int32) * STATUS_BAD_LOGITS
+    status = status | (bad_q | bad_sibling).to(torch.int32) * STATUS_BAD_DRAFT_PROBS
     return TreeResult(walk.accept_len, walk.path, walk.tokens, walk.accept_prob, torch.where(on_path, h, zero),
                       torch.where(on_path, tvd, zero), torch.where(on_path, distortion, zero), status)
+
 
 def _relaxed_main(p, q, x, support, rule: str, entropy_coef: float, tvd_threshold: float):
     """csd's a(x) of a main draft against its q at the node (None under the strict rule: rrs_step's min(1, p/q))."""

@@ -185,7 +185,9 @@ def verify_tree(
     node, and when none is, a token is drawn from the last residual. The uniforms come from the tree stream
     (reference.tree_uniforms) keyed by ``seed`` and ``offset`` (the row's attempt count).
     A node token outside [-1, V) is a missing candidate and sets STATUS_BAD_DRAFT_TOKEN in ``status``; a visited node
-    with bad logits (NaN, +inf, no finite logit) sets STATUS_BAD_LOGITS. Never syncs with the host.
+    with bad logits (NaN, +inf, no finite logit) sets STATUS_BAD_LOGITS; a level of draft_probs or sibling_probs
+    with a negative or non-finite value, or not summing to 1 within PROB_SUM_TOLERANCE, is used as zero (its candidates
+    are rejected, the node emits from p) and sets STATUS_BAD_DRAFT_PROBS. Never syncs with the host.
 
     Shape: target_logits, uncond_logits [B, S, V] float32/bfloat16/float16 (S = the layout's slots); node_tokens
     [B, S] integer (slot 0 unused, -1: missing); draft_probs, sibling_probs [B, M, V] float32 (M = layout.levels);
@@ -198,9 +200,12 @@ def verify_tree(
     device = target_logits.device
     levels = _check_layout(layout, slots)
     node_tokens, status_in = _check_node_tokens(node_tokens, batch, slots, vocab, device)
-    draft_probs = _check_probs("draft_probs", draft_probs, (batch, levels, vocab), device)
+    draft_probs, bad = ref.valid_levels(_check_probs("draft_probs", draft_probs, (batch, levels, vocab), device))
     if sibling_probs is not None:
-        sibling_probs = _check_probs("sibling_probs", sibling_probs, (batch, levels, vocab), device)
+        sibling_probs, bad_sibling = ref.valid_levels(
+            _check_probs("sibling_probs", sibling_probs, (batch, levels, vocab), device))
+        bad = bad | bad_sibling
+    status_in = status_in | bad.to(torch.int32) * ref.STATUS_BAD_DRAFT_PROBS  # bad rows zeroed for every backend
     if uncond_logits is not None:
         uncond_logits = _check_logits("uncond_logits", uncond_logits, (batch, slots, vocab))
         _check_device("uncond_logits", uncond_logits, device)

@@ -155,6 +155,27 @@ def test_bad_logits_on_the_path_set_status(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_draft_probs_are_zero_and_reported(backend):
+    """A level of q (or of the sibling law) that is not a distribution is used as zero — nothing accepted there, the
+    node emits from p — and reported; never used as is (an unnormalised q would accept with the wrong ratio)."""
+    inputs = _tree_inputs(3, 2, 8, 4, 20, seed=4, sibling=True)
+    bad = dict(inputs, draft_probs=inputs["draft_probs"].clone(), sibling_probs=inputs["sibling_probs"].clone())
+    bad["draft_probs"][0, 0] *= 2.0  # sums to 2
+    bad["draft_probs"][1, 1, 3] = -0.01  # a negative entry
+    bad["sibling_probs"][2, 1, 5] = float("nan")
+    clean = dict(bad, draft_probs=bad["draft_probs"].clone(), sibling_probs=bad["sibling_probs"].clone())
+    clean["draft_probs"][0, 0] = 0.0
+    clean["draft_probs"][1, 1] = 0.0
+    clean["sibling_probs"][2, 1] = 0.0
+    device = _device(backend)
+    got = ck.verify_tree(**_on(bad, device), seed=3, offset=2, backend=backend)
+    want = _reference(clean, torch.tensor([3]), torch.tensor([2]))
+    _assert_same(got, want)
+    assert [s & ref.STATUS_BAD_DRAFT_PROBS for s in got.status.tolist()] == [ref.STATUS_BAD_DRAFT_PROBS] * 3 + [0]
+    assert got.accept_len[0] == 0  # level 1's q is zero: its main draft is never accepted
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_node_tokens_are_missing_candidates_and_reported(backend):
     inputs = _tree_inputs(2, 2, 8, 2, 20, seed=2)
     bad = dict(inputs, node_tokens=inputs["node_tokens"].clone())
