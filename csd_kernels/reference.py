@@ -86,6 +86,7 @@ __all__ = [
     "optimal_residual",
     "verify_tree",
     "valid_levels",
+    "tree_inputs",
     "TreeResult",
     "closed_form_distortion",
     "inverse_cdf_sample",
@@ -813,14 +814,13 @@ def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: Tr
     return TreeWalk(accept_len, path, out, accept_prob, leaf)
 
 
-
 @dataclass
 class TreeResult:
     """What verify_tree returns (every backend). The stats at i describe the node path[i] that emits token i.
 
     Shape: accept_len [B] int64; path, tokens [B, M + 1] int64 (TreeWalk's); accept_prob, entropy, tvd,
     distortion [B, M + 1] float32 (0 after accept_len); status [B] int32 (STATUS_BAD_LOGITS: a visited node had bad
-    logits; STATUS_BAD_DRAFT_PROBS: a level of draft_probs or sibling_probs was bad, see valid_levels). entropy H(p)
+    logits; STATUS_BAD_DRAFT_TOKEN / STATUS_BAD_DRAFT_PROBS: see tree_inputs). entropy H(p)
     at the node; tvd ½Σ|p − q_i| (½ at i = M, no q); distortion csd's closed form at the node (0 without a main
     draft below it, and under the strict rule)."""
 
@@ -843,6 +843,23 @@ def valid_levels(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.where(bad[..., None], torch.zeros_like(q), q), bad.any(-1)
 
 
+def tree_inputs(node_tokens: torch.Tensor, draft_probs: torch.Tensor, sibling_probs: Optional[torch.Tensor],
+                vocab: int) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """verify_tree's inputs made safe, with the status bits that say so: (node tokens as int64, those outside
+    [-1, V) missing (-1) and STATUS_BAD_DRAFT_TOKEN — slot 0, the root, is not a candidate; draft_probs and
+    sibling_probs through valid_levels, STATUS_BAD_DRAFT_PROBS). Idempotent on what it returns, status aside.
+
+    Shape: node_tokens [B, S]; draft_probs, sibling_probs [B, M, V]; returns ..., status [B] int32."""
+    tokens = node_tokens.to(torch.int64)
+    bad_token = (tokens < -1) | (tokens >= vocab)
+    bad_token[:, 0] = False
+    q, bad_q = valid_levels(draft_probs)
+    sibling_q, bad_sibling = (None, bad_q) if sibling_probs is None else valid_levels(sibling_probs)
+    status = (bad_token.any(1).to(torch.int32) * STATUS_BAD_DRAFT_TOKEN
+              | (bad_q | bad_sibling).to(torch.int32) * STATUS_BAD_DRAFT_PROBS)
+    return tokens.masked_fill(bad_token, -1), q, sibling_q, status
+
+
 def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_probs: torch.Tensor,
                 layout: TreeLayout, *, uncond_logits: Optional[torch.Tensor] = None, cfg_scale: float = 1.0,
                 temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
@@ -857,11 +874,10 @@ def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_pr
     batch, slots, _ = target_logits.shape
     target = target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, torch.float32, top_p,
                                  min_p)
-    q, bad_q = valid_levels(draft_probs)
-    sibling_q, bad_sibling = (None, bad_q) if sibling_probs is None else valid_levels(sibling_probs)
+    node_tokens, q, sibling_q, status_in = tree_inputs(node_tokens, draft_probs, sibling_probs, target.p.shape[-1])
     u_accept, u_sample = tree_uniforms(seed, offset, batch, slots)
-    walk = tree_walk(target.p, node_tokens.to(torch.int64), q, layout, u_accept, u_sample, target.support, rule,
-                     entropy_coef, tvd_threshold, sibling_q)
+    walk = tree_walk(target.p, node_tokens, q, layout, u_accept, u_sample, target.support, rule, entropy_coef,
+                     tvd_threshold, sibling_q)
     rows = torch.arange(batch, device=q.device)[:, None]
     on_path = walk.path >= 0
     node = walk.path.clamp(min=0)
@@ -870,12 +886,12 @@ def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_pr
     h = target.h[rows, node]
     tvd = total_variation(p_at, q_at)
     main_child = layout.children.to(q.device)[node, 0]
-    has_draft = (main_child >= 0) & (node_tokens.to(torch.int64).gather(1, main_child.clamp(min=0)) >= 0)
+    has_draft = (main_child >= 0) & (node_tokens.gather(1, main_child.clamp(min=0)) >= 0)
     q_times_a = accepted_mass(p_at, q_at, h, tvd, rule, entropy_coef, tvd_threshold, target.support[rows, node])
     distortion = torch.where(has_draft & (rule == "csd"), closed_form_distortion(p_at, q_at, q_times_a), 0)
     zero = torch.zeros_like(h)
     status = (target.bad[rows, node] & on_path).any(-1).to(torch.int32) * STATUS_BAD_LOGITS
-    status = status | (bad_q | bad_sibling).to(torch.int32) * STATUS_BAD_DRAFT_PROBS
+    status = status | status_in
     return TreeResult(walk.accept_len, walk.path, walk.tokens, walk.accept_prob, torch.where(on_path, h, zero),
                       torch.where(on_path, tvd, zero), torch.where(on_path, distortion, zero), status)
 

@@ -199,13 +199,13 @@ def verify_tree(
     batch, slots, vocab = target_logits.shape
     device = target_logits.device
     levels = _check_layout(layout, slots)
-    node_tokens, status_in = _check_node_tokens(node_tokens, batch, slots, vocab, device)
-    draft_probs, bad = ref.valid_levels(_check_probs("draft_probs", draft_probs, (batch, levels, vocab), device))
+    _check_node_tokens(node_tokens, batch, slots, device)
+    _check_probs("draft_probs", draft_probs, (batch, levels, vocab), device)
     if sibling_probs is not None:
-        sibling_probs, bad_sibling = ref.valid_levels(
-            _check_probs("sibling_probs", sibling_probs, (batch, levels, vocab), device))
-        bad = bad | bad_sibling
-    status_in = status_in | bad.to(torch.int32) * ref.STATUS_BAD_DRAFT_PROBS  # bad rows zeroed for every backend
+        _check_probs("sibling_probs", sibling_probs, (batch, levels, vocab), device)
+    # bad tokens and q rows made safe once, here, for every backend (the reference does the same, idempotently)
+    node_tokens, draft_probs, sibling_probs, status_in = ref.tree_inputs(node_tokens, draft_probs, sibling_probs,
+                                                                         vocab)
     if uncond_logits is not None:
         uncond_logits = _check_logits("uncond_logits", uncond_logits, (batch, slots, vocab))
         _check_device("uncond_logits", uncond_logits, device)
@@ -244,8 +244,7 @@ def _check_layout(layout, slots: int) -> int:
     return layout.levels
 
 
-def _check_node_tokens(node_tokens, batch: int, slots: int, vocab: int, device) -> tuple:
-    """(node_tokens as int64 with tokens outside [-1, V) set to -1, their STATUS_BAD_DRAFT_TOKEN bits [B] int32)."""
+def _check_node_tokens(node_tokens, batch: int, slots: int, device) -> None:
     if not isinstance(node_tokens, torch.Tensor) or node_tokens.dtype.is_floating_point or node_tokens.dtype in (
             torch.bool, torch.complex64, torch.complex128):
         got = getattr(node_tokens, "dtype", type(node_tokens).__name__)
@@ -253,17 +252,11 @@ def _check_node_tokens(node_tokens, batch: int, slots: int, vocab: int, device) 
     if node_tokens.shape != (batch, slots):
         raise ValueError(f"node_tokens must have shape [B, S] = {(batch, slots)}, got {tuple(node_tokens.shape)}")
     _check_device("node_tokens", node_tokens, device)
-    tokens = node_tokens.to(torch.int64)
-    bad = (tokens < -1) | (tokens >= vocab)
-    bad[:, 0] = False  # slot 0 (the root) is not a candidate
-    status = bad.any(1).to(torch.int32) * ref.STATUS_BAD_DRAFT_TOKEN
-    return tokens.masked_fill(bad, -1), status
 
 
-def _check_probs(name: str, probs, shape: tuple, device) -> torch.Tensor:
+def _check_probs(name: str, probs, shape: tuple, device) -> None:
     if not isinstance(probs, torch.Tensor) or probs.dtype != torch.float32:
         raise ValueError(f"{name} must be a float32 tensor, got {getattr(probs, 'dtype', type(probs).__name__)}")
     if probs.shape != shape:
         raise ValueError(f"{name} must have shape [B, M, V] = {shape} (M = layout.levels), got {tuple(probs.shape)}")
     _check_device(name, probs, device)
-    return probs.contiguous()
