@@ -442,3 +442,20 @@ def test_batched_tree_rows_equal_rows_alone():
     for b in range(3):
         alone = generate(model, prompts[b:b + 1], seed=[seeds[b]], **kw)
         assert torch.equal(batched.tokens[b:b + 1], alone.tokens)
+
+
+def test_tree_loop_reports_the_status_bits_as_raised(four_codes, monkeypatch):
+    """A status bit the tree verification raises reaches the error as that bit (here bad draft probabilities, 4),
+    as in the chain's static loop — not folded into 'bad logits' (1)."""
+    from csd_kernels.decoding import generate, tree
+
+    real = tree.verify_tree
+
+    def flagging(*args, **kw):
+        out = real(*args, **kw)
+        out.status = out.status | ref.STATUS_BAD_DRAFT_PROBS
+        return out
+
+    monkeypatch.setattr(tree, "verify_tree", flagging)
+    with pytest.raises(ValueError, match=r"status bits \[4\]"):
+        generate(four_codes, torch.full((1, 1), 8), mode="sjd", window=4, tree=(2, 2), seed=0)

@@ -59,10 +59,10 @@ def tree_step(adapter, run: Settings, state: StaticState, layout: ref.TreeLayout
     cond, uncond = cond.float(), (None if uncond is None else uncond.float())
 
     res = verify_tree(cond, nodes, q[:, :levels].float(), layout, uncond_logits=uncond, cfg_scale=run.cfg_scale,
-                          temperature=run.temperature, top_k=run.top_k, top_p=run.top_p, min_p=run.min_p,
-                          rule="csd" if run.mode == "csd" else "strict", entropy_coef=run.entropy_coef,
-                          tvd_threshold=run.tvd_threshold, sibling_probs=None, seed=run.seeds, offset=state.attempts,
-                          backend=run.backend)
+                      temperature=run.temperature, top_k=run.top_k, top_p=run.top_p, min_p=run.min_p,
+                      rule="csd" if run.mode == "csd" else "strict", entropy_coef=run.entropy_coef,
+                      tvd_threshold=run.tvd_threshold, sibling_probs=None, seed=run.seeds, offset=state.attempts,
+                      backend=run.backend)
     chain = _chain_drafts(cond, uncond, main, q, run, state, levels)
     adapter.keep_path(n - 1, torch.where(active[:, None], res.path, -1))
     _commit(state, run, res, chain, grid_pos, current, active, win_end, levels)
@@ -120,7 +120,7 @@ def _commit(state: StaticState, run: Settings, res: ref.TreeResult, chain: ref.V
         shift = ((new_n - n)[:, None] + slots).clamp(max=levels)
         fresh_q = chain.probs.gather(1, shift[..., None].expand(-1, -1, run.vocab))
         state.q_store.copy_(torch.where(active[:, None, None], fresh_q, state.q_store))
-    bad = (res.status.bool() | chain.status.bool()).to(torch.int64) * ref.STATUS_BAD_LOGITS
+    bad = (res.status | chain.status).to(torch.int64)  # the bits as raised, as static._commit keeps them
     state.drafted.copy_(torch.where(active, torch.minimum(n + levels + 1, win_end), state.drafted))
     state.attempts.add_(active.to(torch.int64))
     state.status.copy_(torch.where(active, bad, 0) | state.status)
