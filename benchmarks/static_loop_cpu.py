@@ -17,7 +17,6 @@ Janus-Pro-7B shape on the meta device (no compute at all: the host's share of a 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import time
 
@@ -79,17 +78,19 @@ def meta_host_time(batches: list[int], modes: list[str], iterations: int = 5) ->
     import loop_shapes
 
     from csd_kernels import generate
+    from csd_kernels.decoding import eager as eager_module
     from csd_kernels.decoding import static as static_module
+    from csd_kernels.decoding.state import EagerState
 
-    gen_module = importlib.import_module("csd_kernels.decoding.generate")  # the package exports the function
     _fake_verify()
     model = loop_shapes.janus_pro_7b("meta")
     results = {}
 
-    def eager_verify(cond, uncond, run, state, win, drafted):
-        verified = gen_module.VERIFY[run.mode](cond, uncond, gen_module.draft_probs(state, win, drafted, run), run,
-                                               state, win, drafted)
-        return verified, [min(3, win.length - 1)] * len(win.active)  # a fixed accept length instead of the sync
+    def eager_read(state, committed, run, m, end, active):  # a fixed accept length instead of the sync
+        new = [min(m + min(3, end - m - 1) + 1, min(c + run.window, run.total)) if a else c
+               for c, a in zip(state.counts, active)]
+        state.accepted.append([b - a for a, b in zip(state.counts, new)])
+        state.counts = new
 
     class Stop(Exception):
         pass
@@ -119,9 +120,8 @@ def meta_host_time(batches: list[int], modes: list[str], iterations: int = 5) ->
         ids = loop_shapes.janus_prompt(batch, "meta")
         for mode in modes:
             kw = dict(mode=mode, window=16, cfg_scale=5.0, seed=0)
-            originals = gen_module._verify, static_module.StaticLoop.run, gen_module.RowState.done
-            gen_module._verify, static_module.StaticLoop.run, gen_module.RowState.done = (eager_verify, static_run,
-                                                                                           eager_done)
+            originals = eager_module.read_counts, static_module.StaticLoop.run, EagerState.done
+            eager_module.read_counts, static_module.StaticLoop.run, EagerState.done = eager_read, static_run, eager_done
             try:
                 with _OpCount():
                     calls.clear(), op_counts.clear()
@@ -134,7 +134,7 @@ def meta_host_time(batches: list[int], modes: list[str], iterations: int = 5) ->
                 except Stop:
                     pass
             finally:
-                gen_module._verify, static_module.StaticLoop.run, gen_module.RowState.done = originals
+                eager_module.read_counts, static_module.StaticLoop.run, EagerState.done = originals
             eager_ms = 1e3 * (calls[-1] - calls[2]) / iterations
             static_ms = 1e3 * timed["static"]
             results[f"B{batch}/{mode}"] = dict(
