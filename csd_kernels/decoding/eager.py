@@ -9,6 +9,8 @@ which fixes the next span.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from .state import EagerState
@@ -37,12 +39,12 @@ def run_eager(adapter, run: Settings, state: EagerState, lead: int, clock, bar=N
             bar.update(min(state.counts) - before)
 
 
-def stored_probs(state: EagerState, win: Window, active: list):
+def stored_probs(state: EagerState, win: Window, active: list) -> Optional[torch.Tensor]:
     """The q store at the span's slots [B, L, V]; None when no active row holds sampled drafts (the host knows)."""
     if state.q_store is None or not any(s and a for s, a in zip(state.sampled_rows, active)):
         return None
-    window, vocab = state.q_store.shape[1:]
-    index = (win.grid_pos - state.n[:, None]).clamp(0, window - 1)  # [B, L] slot of the row's q store
+    slots, vocab = state.q_store.shape[1:]
+    index = (win.grid_pos - state.n[:, None]).clamp(0, slots - 1)  # [B, L] slot of the row's q store
     return state.q_store.gather(1, index[..., None].expand(-1, -1, vocab))
 
 
