@@ -110,13 +110,13 @@ def stage_tokens(device: torch.device, out_dir, fixtures=None, modes=MODES_ALL, 
 
     cpu = torch.device("cpu")
     results, ok, clock = [], True, Budget(budget)
-    for name, (make, prompt, cfg) in tiny_fixtures().items():
-        if fixtures and name not in fixtures:
-            continue
-        on_cpu, on_device = make(cpu), make(device)
-        dev_prompt = {k: v.to(device) for k, v in prompt.items()}
-        for mode in modes:
-            for temperature in temperatures:
+    chosen = {name: fixture for name, fixture in tiny_fixtures().items() if not fixtures or name in fixtures}
+    adapters = {name: (make(cpu), make(device)) for name, (make, _, _) in chosen.items()}
+    for temperature in temperatures:  # greedy (must be equal) of every fixture before the sampled comparisons
+        for name, (_, prompt, cfg) in chosen.items():
+            on_cpu, on_device = adapters[name]
+            dev_prompt = {k: v.to(device) for k, v in prompt.items()}
+            for mode in modes:
                 if not clock.allows(f"{name}/{mode}/T={temperature:g}"):
                     continue
                 backend = None if temperature == 0 else "torch"  # sampled: the same backend on both sides
