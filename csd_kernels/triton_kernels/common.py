@@ -25,6 +25,9 @@ import triton
 import triton.language as tl
 
 from .. import reference as ref
+from .interpreter_compat import squeeze_scalar_index
+
+squeeze_scalar_index()  # runtime loop bounds under older Triton interpreters with numpy >= 2.4 (see there)
 
 M0 = tl.constexpr(ref.PHILOX_M0)
 M1 = tl.constexpr(ref.PHILOX_M1)
