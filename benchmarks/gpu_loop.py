@@ -87,8 +87,8 @@ def tiny_fixtures() -> dict:
     from csd_kernels.models.llamagen.gpt import ModelArgs, Transformer
 
     lm = conftest.build_tiny_llama(24, seed=0, init=0.5)
-    janus = conftest.tiny_janus.__wrapped__()
-    chameleon = conftest.tiny_chameleon.__wrapped__()
+    janus = conftest.build_tiny_janus()
+    chameleon = conftest.build_tiny_chameleon()
     gpt = Transformer(ModelArgs(**tiny.GPT_CONFIGS["c2i"]))
     gpt.load_state_dict(tiny.seeded_state_dict({k: v.shape for k, v in gpt.state_dict().items()}))
     gpt.eval()

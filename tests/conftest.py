@@ -59,8 +59,8 @@ def _seeded(build, seed):
 JANUS_BOS, JANUS_PAD, JANUS_BOI = 1, 0, 60
 
 
-@pytest.fixture(scope="session")
-def tiny_janus():
+def build_tiny_janus():
+    """The tiny Janus (a plain function as well as the fixture: tests/test_golden.py builds it outside pytest)."""
     from transformers import JanusConfig, JanusForConditionalGeneration
 
     cfg = JanusConfig(
@@ -78,6 +78,11 @@ def tiny_janus():
     model.generation_config.pad_token_id = JANUS_PAD
     model.generation_config.bos_token_id = JANUS_BOS
     return model
+
+
+@pytest.fixture(scope="session")
+def tiny_janus():
+    return build_tiny_janus()
 
 
 def janus_image_generate(model, prompts, **kwargs):
@@ -101,8 +106,7 @@ LUMINA_KW = dict(grid=(2, 4), image_token_range=(8, 40), row_end_token_id=41, im
                  image_end_token_id=43, size_token_offset=44)
 
 
-@pytest.fixture(scope="session")
-def tiny_chameleon():
+def build_tiny_chameleon():
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     cfg = ChameleonConfig(
@@ -113,6 +117,11 @@ def tiny_chameleon():
         vocabulary_map={f"IMGIMG{chr(65 + i)}Z": 8 + i for i in range(8)},
     )
     return _seeded(lambda: ChameleonForConditionalGeneration(cfg), 1)
+
+
+@pytest.fixture(scope="session")
+def tiny_chameleon():
+    return build_tiny_chameleon()
 
 
 def build_tiny_llama(vocab_size: int, seed: int = 0, init: float = 0.3, dtype=torch.float32):
