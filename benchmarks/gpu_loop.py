@@ -62,10 +62,12 @@ class Budget:
         self.skipped.append(case)
         return False
 
-    def report(self, stage: str) -> None:
+    def report(self, stage: str, results: list, out_dir) -> None:
+        """Lists the cases not run in the log and, as {"not_run": case} rows, in the stage's JSON."""
         if self.skipped:
             print(f"{stage}: budget of {self.seconds:g} s spent, {len(self.skipped)} cases not run: "
                   f"{', '.join(self.skipped[:6])}{' ...' if len(self.skipped) > 6 else ''}", flush=True)
+            _save(out_dir, stage, results + [dict(not_run=case) for case in self.skipped])
 
 
 def _save(out_dir, stage: str, results) -> None:
@@ -132,8 +134,9 @@ def stage_tokens(device: torch.device, out_dir, fixtures=None, modes=MODES_ALL, 
                     print(f"tokens {name:9s} {mode:4s} T={temperature:g} {loop:13s} agree {agree:.3f}{flag}",
                           flush=True)
                 _save(out_dir, "tokens", results)
-    clock.report("tokens")
-    print("tokens:", "greedy equal everywhere" if ok else "GREEDY MISMATCH")
+    clock.report("tokens", results, out_dir)
+    print("tokens:", "GREEDY MISMATCH" if not ok else "greedy equal in every case run" if clock.skipped else
+          "greedy equal everywhere")
     return ok
 
 
@@ -307,7 +310,7 @@ def stage_speed(device: torch.device, out_dir, tiny: bool, batches: list[int], m
         adapter = None  # free the model before the next one is built
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    clock.report("speed")
+    clock.report("speed", results, out_dir)
     return True
 
 
