@@ -24,6 +24,7 @@
 #   bash benchmarks/gpu_check.sh --dry-run [--out DIR]   every stage's CPU stand-in (CPU tensors, tiny shapes,
 #                                                        --device cpu; CI runs it): a stage that crashes, an unset
 #                                                        variable, a missing file or a failing import shows on a CPU
+#                                                        (each stand-in under DRY_RUN_LIMIT s, default 300: a hang)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -205,9 +206,10 @@ stage_bench() {
 # ---------------------------------------------------------------------------------------------------------------------
 # The runner
 # ---------------------------------------------------------------------------------------------------------------------
-run_stage() {  # name: its function under its limit (the dry run: the same limit, the stand-in's own)
+run_stage() {  # name: its function under its limit (the dry run: DRY_RUN_LIMIT, the stand-ins are not the stages)
     local name=$1 limit begin rc
     limit=$(stage_field "$name" 3)
+    [ "$DRY" = 1 ] && limit=${DRY_RUN_LIMIT:-300}
     echo "== $name (limit $limit s)"
     begin=$(date +%s)
     timeout --kill-after=2 "$limit" bash -euo pipefail -c "stage_$name" 2>&1 | tee "$OUT/$name.log"
