@@ -16,8 +16,8 @@ import triton.language as tl  # noqa: E402
 
 from csd_kernels import reference as ref  # noqa: E402
 from csd_kernels import testing  # noqa: E402
-from csd_kernels import triton_verify as tv  # noqa: E402
-from csd_kernels.triton_kernels import common  # noqa: E402
+from csd_kernels.backends.triton import verify as tv  # noqa: E402
+from csd_kernels.backends.triton.kernels import common  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":

@@ -14,9 +14,9 @@ import os
 import pytest
 import torch
 
-from csd_kernels import bench
-from csd_kernels.dispatch import available_backends
-from csd_kernels.ops import verify
+from csd_kernels.bench import op as bench
+from csd_kernels.ops.registry import available_backends
+from csd_kernels.ops.verify import verify
 
 DEVICE = torch.device(os.environ.get("CSD_BENCH_DEVICE", "cuda" if torch.cuda.is_available() else "cpu"))
 SHAPES = bench.QUICK_SHAPES if os.environ.get("CSD_BENCH_QUICK") == "1" else bench.DEFAULT_SHAPES

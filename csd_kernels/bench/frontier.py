@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .validation import TREE_MODES
+from ..decoding.validation import TREE_MODES
 
 LAMBDAS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
 TAUS = (0.3, 0.65, 1.0)
@@ -88,8 +88,8 @@ def run_setting(model_name: str, setting: Setting, seed: int, prompts: list[str]
     seed ``seed * len(prompts) + start`` (+ b inside generate), so every setting sees the same streams."""
     import torch
 
-    from . import zoo
-    from .decoding import generate
+    from .. import zoo
+    from ..decoding import generate
 
     entry = zoo.load(model_name)
     tokens, row_passes, batch_passes, distortion = [], [], [], []
@@ -113,7 +113,7 @@ def sweep(model_name: str = "digits", per_class: int = 8, seeds=(0, 1, 2), worke
           grid: list[Setting] | None = None, classes=tuple(str(c) for c in range(10))) -> dict:
     """Runs every setting of ``grid`` (default :func:`settings`) for every seed on each of ``classes`` (prompts)
     ``per_class`` times; returns the result layout above."""
-    from . import zoo
+    from .. import zoo
 
     entry = zoo.load(model_name)
     if entry.quality is None:

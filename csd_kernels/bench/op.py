@@ -1,6 +1,6 @@
 """Microbenchmarks of the verify op: every backend against reading the inputs once and against a Python loop.
 
-The cases are pytest-benchmark tests (:mod:`csd_kernels.bench_cases`); :func:`run` runs them and reads the JSON, and
+The cases are pytest-benchmark tests (:mod:`csd_kernels.bench.cases`); :func:`run` runs them and reads the JSON, and
 the table, CSV and plot come from that JSON. The Python loop is the CSD authors' verification as they wrote it: loops
 over batch and positions with a host sync per position, a [B, L, V] uniform tensor drawn per step of which one value
 per position is used. "Read once" is a ``torch.sum`` over the same input tensors in the same run: the floor any
@@ -17,13 +17,13 @@ from typing import Optional
 
 import torch
 
-from .testing import make_case
+from ..testing import make_case
 
 JANUS_VOCAB, LUMINA_VOCAB = 16384, 8192
 DEFAULT_SHAPES = [(b, 16, v) for v in (JANUS_VOCAB, LUMINA_VOCAB) for b in (1, 4, 16)]
 QUICK_SHAPES = [(1, 16, JANUS_VOCAB), (4, 16, LUMINA_VOCAB)]
 # The cases import this module; pytest runs them by path, so this module never imports them.
-CASES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_cases.py")
+CASES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cases.py")
 
 
 @dataclass
@@ -109,7 +109,7 @@ def run(device: str = "cpu", backends: Optional[list[str]] = None, quick: bool =
 
 
 def rows_from_json(data: dict) -> list[BenchRow]:
-    """BenchRows from a pytest-benchmark JSON of bench_cases: each verify median against the read-once and
+    """BenchRows from a pytest-benchmark JSON of cases.py: each verify median against the read-once and
     authors'-loop medians of the same shape in the same run."""
     by_kind: dict = {}
     for case in data["benchmarks"]:

@@ -23,20 +23,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import __version__, zoo
-from .decoding import COUPLINGS, DEFAULT_COUPLING, DRAFT_INITS, MODES, generate
-from .dispatch import BACKENDS, select_backend
-from .frontier import summarise
-from .usage import (
-    UsageError,
-    as_flags,
-    check_out,
-    claim_generate_dir,
-    clear_generate_files,
-    flag_error,
-    writable_dir,
-)
-from .validation import (
+from .. import __version__, zoo
+from ..bench.frontier import summarise
+from ..decoding import COUPLINGS, DEFAULT_COUPLING, DRAFT_INITS, MODES, generate
+from ..decoding.validation import (
     RULES,
     ArgumentError,
     check,
@@ -45,6 +35,16 @@ from .validation import (
     check_generate,
     check_tree,
     row_seeds,
+)
+from ..ops.registry import BACKENDS, select_backend
+from ..runner.usage import (
+    UsageError,
+    as_flags,
+    check_out,
+    claim_generate_dir,
+    clear_generate_files,
+    flag_error,
+    writable_dir,
 )
 
 # The rows of `csd compare`: (label, mode, coupling).
@@ -341,10 +341,10 @@ def cmd_compare(args) -> dict:
 
 
 def cmd_bench(args) -> list:
-    """The pytest-benchmark cases of csd_kernels.bench_cases; the table, CSV and plot come from their JSON."""
+    """The pytest-benchmark cases of csd_kernels.bench.cases; the table, CSV and plot come from their JSON."""
     import importlib.util
 
-    from . import bench
+    from ..bench import op as bench
 
     device = _device(args)
     for backend in args.backends or []:
@@ -389,9 +389,9 @@ def _trees(text: str) -> tuple:
 
 
 def cmd_sweep(args) -> dict:
-    """The speed-quality frontier (csd_kernels.frontier): every mode, csd over --lambdas x --taus x --couplings,
+    """The speed-quality frontier (csd_kernels.bench.frontier): every mode, csd over --lambdas x --taus x --couplings,
     sjd+maximal with each of --trees."""
-    from . import frontier
+    from ..bench import frontier
 
     if args.model not in zoo.MODEL_NAMES:
         raise UsageError(f"--model {args.model!r}: unknown model; choose from {', '.join(zoo.MODEL_NAMES)}")
@@ -420,7 +420,7 @@ def cmd_sweep(args) -> dict:
 
 
 def cmd_run(args) -> Optional[dict]:
-    from .runner import run
+    from ..runner import run
 
     check("image_size", args.image_size)
 

@@ -20,11 +20,15 @@ import numpy as np
 import torch
 
 from .. import reference as ref
-from ..grouped import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
 from ..models import get_adapter
 from ..models.protocol import is_static_adapter, is_tree_adapter
-from ..tree_ops import device_layout
-from ..validation import (
+from ..ops.verify_tree import device_layout
+from ..reference.gsd import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
+from .state import RowState
+from .static import StaticLoop, StaticState
+from .steps import VERIFY, Settings, commit, draft_probs, draft_window, forward
+from .tree import tree_step
+from .validation import (
     DRAFT_INITS,
     MODES,
     check_backend,
@@ -34,10 +38,6 @@ from ..validation import (
     check_tree,
     row_seeds,
 )
-from .state import RowState
-from .static import StaticLoop, StaticState
-from .steps import VERIFY, Settings, commit, draft_probs, draft_window, forward
-from .tree import tree_step
 
 __all__ = ["MODES", "COUPLINGS", "DEFAULT_COUPLING", "DRAFT_INITS", "GenerateOutput", "generate"]
 

@@ -23,10 +23,10 @@ from typing import Optional
 
 import torch
 
-from ..drafts import random_draft_tokens
+from ..ops.drafts import random_draft_tokens
 from .steps import VERIFY, Settings
 
-__all__ = ["StaticState", "static_step", "StaticLoop", "DEFAULT_LAG"]
+__all__ = ["StaticState", "static_step", "static_draft_probs", "StaticLoop", "DEFAULT_LAG"]
 
 DEFAULT_LAG = 2  # iterations between a flag's copy and its read on an asynchronous device
 CPU_LAG = 0  # the CPU runs each iteration before the host goes on: a read costs nothing, a surplus iteration does
@@ -94,7 +94,7 @@ def static_step(adapter, run: Settings, state: StaticState) -> None:
         fresh_tokens = torch.where(above, state.seq.gather(1, above_pos.clamp(min=0)), fresh_tokens)
     current = state.seq.gather(1, grid_pos)  # [B, W]
     tokens = torch.where(committed | sampled, current, torch.where(fresh, fresh_tokens, -1))
-    q = _draft_probs(state, run, sampled, above, fresh_tokens)
+    q = static_draft_probs(state, run, sampled, above, fresh_tokens)
 
     last = state.seq.gather(1, (n - 1).clamp(min=0)[:, None])  # x_{n-1} (the adapter uses the prompt's at n = 0)
     cond, uncond = adapter.forward_static(torch.cat([last, tokens[:, :-1].clamp(min=0)], 1), n - 1)
@@ -106,7 +106,7 @@ def static_step(adapter, run: Settings, state: StaticState) -> None:
     _commit(state, run, verified, grid_pos, current, active, win_end)
 
 
-def _draft_probs(state: StaticState, run: Settings, sampled, above, fresh_tokens) -> Optional[torch.Tensor]:
+def static_draft_probs(state: StaticState, run: Settings, sampled, above, fresh_tokens) -> Optional[torch.Tensor]:
     """q [B, W, V]: the stored p for sampled drafts, one-hot for a token from above, 1/V for fresh ones."""
     if not run.need_q:
         return None

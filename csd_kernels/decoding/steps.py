@@ -9,9 +9,9 @@ from typing import Optional
 import torch
 
 from .. import reference as ref
-from ..drafts import random_draft_tokens
-from ..grouped import grouped_verify
-from ..ops import verify
+from ..ops.drafts import random_draft_tokens
+from ..ops.verify import verify
+from ..reference.gsd import grouped_verify
 from .state import RowState, Window
 
 __all__ = ["Settings", "Drafted", "Verified", "draft_window", "draft_probs", "forward", "VERIFY", "commit"]

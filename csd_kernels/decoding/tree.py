@@ -19,11 +19,10 @@ from __future__ import annotations
 import torch
 
 from .. import reference as ref
-from ..drafts import random_draft_tokens
-from ..ops import verify
-from ..tree_drafts import tree_candidates
-from ..tree_ops import verify_tree
-from .static import StaticState, _draft_probs
+from ..ops.drafts import random_draft_tokens, tree_candidates
+from ..ops.verify import verify
+from ..ops.verify_tree import verify_tree
+from .static import StaticState, static_draft_probs
 from .steps import Settings
 
 __all__ = ["tree_step"]
@@ -48,7 +47,7 @@ def tree_step(adapter, run: Settings, state: StaticState, layout: ref.TreeLayout
         fresh_tokens = torch.where(above, state.seq.gather(1, above_pos.clamp(min=0)), fresh_tokens)
     current = state.seq.gather(1, grid_pos)
     main = torch.where(sampled, current, torch.where(fresh, fresh_tokens, -1))  # [B, W]
-    q = _draft_probs(state, run, sampled, above, fresh_tokens)
+    q = static_draft_probs(state, run, sampled, above, fresh_tokens)
     if q is None:  # greedy: p is one-hot, any q with q(x) > 0 takes the argmax decision
         q = torch.full((1, 1, 1), 1.0 / run.vocab, device=n.device).expand(n.shape[0], window, run.vocab)
 

@@ -3,7 +3,7 @@
 A bad value raises :class:`ArgumentError`, a ValueError naming the keyword (``window=0: expected an int >= 1``). The
 API calls these functions first thing; the command line calls the same ones on its flags before it loads a model or
 writes a file, and prints the error as one line naming the flag (``--window 0: expected an int >= 1``, exit status 2;
-:mod:`csd_kernels.usage`). A new setting is one line in :data:`RULES`.
+:mod:`csd_kernels.runner.usage`). A new setting is one line in :data:`RULES`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Optional
 
 import torch
 
-from . import reference as ref
-from .dispatch import BACKENDS, backend_status
+from .. import reference as ref
+from ..ops.registry import BACKENDS, backend_status
 
 __all__ = ["ArgumentError", "Rule", "RULES", "MODES", "DRAFT_INITS", "MAX_IMAGES", "TREE_MODES", "check",
            "check_settings", "check_generate", "check_tree", "row_seeds", "check_prompt", "check_prompt_ids",
@@ -285,7 +285,7 @@ def check_device(device) -> torch.device:
 
 
 def check_backend(backend: Optional[str], device, name: str = "backend") -> Optional[str]:
-    """None or a verify backend that can run on ``device`` (see csd_kernels.dispatch)."""
+    """None or a verify backend that can run on ``device`` (see csd_kernels.ops.registry)."""
     RULES["backend"].check(name, backend)
     if backend is None:
         return None

@@ -8,9 +8,22 @@ import json
 import logging
 from pathlib import Path
 
-__all__ = ["MAX_LISTED", "indexed_shards", "log_ignored", "raise_problems", "read_json"]
+__all__ = ["GENERIC_FIELDS", "MAX_LISTED", "indexed_shards", "log_ignored", "raise_problems", "read_json"]
 
 MAX_LISTED = 12  # problems listed per kind in one error
+# transformers 4.x PretrainedConfig fields: bookkeeping and generation defaults, none shapes the network (a field
+# that did, e.g. pruned_heads, would show as a shape mismatch)
+GENERIC_FIELDS = frozenset("""
+    _name_or_path _commit_hash _attn_implementation_autoset _attn_implementation_internal transformers_version
+    architectures model_type return_dict output_hidden_states output_attentions torchscript use_bfloat16
+    tf_legacy_loss pruned_heads chunk_size_feed_forward is_encoder_decoder is_decoder cross_attention_hidden_size
+    add_cross_attention tie_encoder_decoder max_length min_length do_sample early_stopping num_beams
+    num_beam_groups diversity_penalty temperature top_k top_p typical_p repetition_penalty length_penalty
+    no_repeat_ngram_size encoder_no_repeat_ngram_size bad_words_ids num_return_sequences output_scores
+    return_dict_in_generate forced_bos_token_id forced_eos_token_id remove_invalid_values
+    exponential_decay_length_penalty suppress_tokens begin_suppress_tokens finetuning_task id2label label2id
+    tokenizer_class prefix sep_token_id decoder_start_token_id task_specific_params problem_type
+""".split())
 
 
 def read_json(path: Path) -> dict:

@@ -17,7 +17,8 @@ from typing import Optional
 
 import torch
 
-from .ops import SeedLike, verify
+from .checks import SeedLike
+from .verify import verify
 
 __all__ = ["PLACEHOLDER_TOKEN_ID", "chain_speculative_sampling", "rejection_sample"]
 

@@ -1,4 +1,5 @@
-"""Which backend runs a verification: what is available for a device, in which order, and why not.
+"""Which backend runs an op: what is available for a device, in which order, and why not (verify's choice; verify_tree's
+is the same among the backends that have a tree verification).
 
 Auto order: on CUDA tensors the fused Triton kernel, then the CUDA extension, then PyTorch; on CPU tensors the C++
 extension, then PyTorch, then Triton's interpreter (only when ``TRITON_INTERPRET=1`` was set before import: it is
@@ -14,6 +15,11 @@ from typing import Optional
 
 import torch
 
+from ..backends.compiled import compiled_extension, has_tree, load_error
+
+__all__ = ["BACKENDS", "ENV_BACKEND", "backend_status", "available_backends", "select_backend", "select_tree_backend",
+           "tree_support"]
+
 BACKENDS = ("triton", "cuda", "cpu", "torch")
 _AUTO_ORDER = {"cuda": ("triton", "cuda", "torch"), "cpu": ("cpu", "torch", "triton")}
 ENV_BACKEND = "CSD_KERNELS_BACKEND"
@@ -28,12 +34,6 @@ def _import(module: str):
         return exc
 
 
-def compiled_extension():
-    """csd_kernels._C, or None when the extension was not built."""
-    module = _import("csd_kernels._C")
-    return None if isinstance(module, Exception) else module
-
-
 def backend_status(name: str, device: torch.device) -> tuple[bool, str]:
     """(can run, reason if not) for backend ``name`` on tensors of ``device``."""
     device = torch.device(device)
@@ -42,15 +42,14 @@ def backend_status(name: str, device: torch.device) -> tuple[bool, str]:
     if name == "torch":
         return True, ""
     if name == "triton":
-        module = _import("csd_kernels.triton_verify")
+        module = _import("csd_kernels.backends.triton.verify")
         if isinstance(module, Exception):
             return False, f"triton could not be imported ({module}); install it with `pip install triton`"
         return module.is_available(device)
     extension = compiled_extension()
     if extension is None:
-        error = _import("csd_kernels._C")
         return False, (
-            f"the C++ extension csd_kernels._C is not built ({error}); build it with "
+            f"the C++ extension csd_kernels._C is not built ({load_error()}); build it with "
             "`pip install --no-build-isolation -e .` in the repository"
         )
     if name == "cpu":
@@ -108,3 +107,36 @@ def _checked(requested: str, source: str, device: torch.device) -> str:
     if not ok:
         raise RuntimeError(f"{source}={requested!r} cannot run here: {reason}")
     return requested
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# verify_tree: verify's choice, limited to the backends that have a tree verification here
+# ----------------------------------------------------------------------------------------------------------------------
+def tree_support(name: str) -> tuple[bool, str]:
+    """(has a tree verification, reason if not) for backend ``name`` (whether it can run at all: backend_status)."""
+    if name in ("cpu", "cuda") and not has_tree():
+        return False, ("csd_kernels._C has no verify_tree_rows (built before the tree op); rebuild it with "
+                       "`pip install --no-build-isolation -e .`")
+    if name == "triton":
+        try:
+            import csd_kernels.backends.triton.verify_tree  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - any import failure means "not available", with the reason kept
+            return False, f"csd_kernels.backends.triton.verify_tree could not be imported ({exc})"
+    return True, ""
+
+
+@functools.lru_cache(maxsize=None)
+def _first_tree_backend(device: torch.device) -> str:
+    return next(name for name in available_backends(device) + ["torch"] if tree_support(name)[0])
+
+
+@torch.compiler.assume_constant_result  # evaluated eagerly under torch.compile: imports are not traceable
+def select_tree_backend(requested: Optional[str], device: torch.device) -> str:
+    """The backend that verifies trees on ``device``: as select_backend, among those with a tree verification."""
+    if requested is None and not os.environ.get(ENV_BACKEND):
+        return _first_tree_backend(device)
+    chosen = select_backend(requested, device)
+    ok, reason = tree_support(chosen)
+    if not ok:
+        raise RuntimeError(f"backend={chosen!r} cannot verify trees here: {reason}")
+    return chosen

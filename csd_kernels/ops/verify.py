@@ -8,23 +8,28 @@ through it) whose ``backend`` argument names the implementation. The C++/CUDA ex
 from __future__ import annotations
 
 import functools
-import math
 from typing import Optional, Union
 
 import torch
 
-from . import reference as ref
-from .dispatch import compiled_extension, select_backend
+from .. import reference as ref
+from ..backends.compiled import compiled_extension, verify_rows
+from .checks import (
+    SeedLike,
+    check_device,
+    check_logits,
+    check_nucleus,
+    check_scalars,
+    philox_word,
+    word_tensor,
+)
+from .registry import select_backend
 
 __all__ = ["VerifyResult", "verify"]
 
 VerifyResult = ref.VerifyResult
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-_RULE_CODE = {name: code for code, name in enumerate(ref.RULES)}
-_COUPLING_CODE = {name: code for code, name in enumerate(ref.COUPLINGS)}
-SeedLike = Union[int, torch.Tensor]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -48,19 +53,14 @@ def _torch_backend(logits, draft_tokens, draft_probs, uncond, cfg_scale, tempera
 def _triton_backend(*args, packed_outputs=False):
     global _verify_triton
     if _verify_triton is None:  # imported on first use (triton is optional), then kept: an import costs every call
-        from .triton_verify import verify_triton as _verify_triton
+        from ..backends.triton.verify import verify_triton as _verify_triton
     return _verify_triton(*args, packed_outputs=packed_outputs)
 
 
 _verify_triton = None
 
 
-def _compiled_backend(*args):
-    return tuple(torch.ops.csd_kernels.verify_rows(*args))
-
-
-_BACKEND_FUNCTIONS = {"torch": _torch_backend, "triton": _triton_backend, "cpu": _compiled_backend,
-                      "cuda": _compiled_backend}
+_BACKEND_FUNCTIONS = {"torch": _torch_backend, "triton": _triton_backend, "cpu": verify_rows, "cuda": verify_rows}
 
 
 @torch.library.custom_op("csd_kernels::verify", mutates_args=())
@@ -124,13 +124,6 @@ if compiled_extension() is not None:
 # ----------------------------------------------------------------------------------------------------------------------
 # Argument checks (no host sync: values inside tensors are checked by the kernels through the status bits)
 # ----------------------------------------------------------------------------------------------------------------------
-def _check_real(name: str, value, low: float = -math.inf, high: float = math.inf) -> float:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or not low <= value <= high:
-        raise ValueError(f"{name} must be a finite number in [{low}, {high}], got {value!r}")
-    return float(value)
-
-
 def _index_tensor(name: str, value, batch: int, device: torch.device, default: int = 0,
                   high: int = (1 << 63) - 1) -> torch.Tensor:
     """[B] int64 on ``device`` from None, an int in [0, high], or an integer tensor of shape [], [1] or [B]."""
@@ -154,51 +147,6 @@ def _index_tensor(name: str, value, batch: int, device: torch.device, default: i
 def _zeros(batch: int, device: torch.device) -> torch.Tensor:
     """[B] int64 zeros (the default start / positions), made once per shape and device: the kernels only read it."""
     return torch.zeros(batch, dtype=torch.int64, device=device)
-
-
-def _philox_word(name: str, value: SeedLike, device: torch.device, *, allow_per_row: int = 0,
-                 limit: int) -> Union[int, torch.Tensor]:
-    """The int64 bit pattern of a non-negative integer below ``limit``: a signed int for an int (see
-    :func:`_word_tensor`), an int64 tensor [1] (or [allow_per_row]) for a tensor."""
-    if isinstance(value, bool) or not isinstance(value, (int, torch.Tensor)):
-        raise ValueError(f"{name} must be an int or an int64 tensor, got {type(value).__name__}")
-    if isinstance(value, int):
-        if not 0 <= value < limit:
-            raise ValueError(f"{name} must lie in [0, {limit}), got {value}")
-        return value - (1 << 64) if value >= (1 << 63) else value
-    sizes = (1, allow_per_row) if allow_per_row else (1,)
-    if value.dtype != torch.int64 or value.numel() not in sizes or value.dim() > 1:
-        raise ValueError(f"{name} must be an int64 tensor with {' or '.join(map(str, sizes))} element(s), got "
-                         f"{value.dtype} {tuple(value.shape)}")
-    return value.reshape(-1).to(device)
-
-
-def _word_tensor(word: Union[int, torch.Tensor], device: torch.device) -> torch.Tensor:
-    """A seed / offset word as the int64 tensor every backend but the eager Triton launch reads (that one takes the
-    int as a kernel argument: no fill kernel)."""
-    if isinstance(word, torch.Tensor):
-        return word
-    # A fill kernel, not a host-to-device copy: no sync, and capturable in a CUDA graph (the int is baked in).
-    return torch.full((1,), word, dtype=torch.int64, device=device)
-
-
-def _check_logits(name: str, tensor, shape=None, dtypes=_FLOAT_DTYPES) -> torch.Tensor:
-    if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"{name} must be a tensor, got {type(tensor).__name__}")
-    if tensor.dim() != 3:
-        raise ValueError(f"{name} must have shape [B, L, V], got {tuple(tensor.shape)}")
-    if shape is not None and tensor.shape != shape:  # torch.Size compares equal to the tuple
-        raise ValueError(f"{name} must have the shape of target_logits {shape}, got {tuple(tensor.shape)}")
-    if tensor.dtype not in dtypes:
-        raise ValueError(f"{name} must be {', '.join(str(d).split('.')[-1] for d in dtypes)}, got {tensor.dtype}")
-    if min(tensor.shape) < 1:
-        raise ValueError(f"{name} must be non-empty, got shape {tuple(tensor.shape)}")
-    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
-
-
-def _check_device(name: str, tensor: Optional[torch.Tensor], device: torch.device) -> None:
-    if tensor is not None and tensor.device != device:
-        raise ValueError(f"{name} is on {tensor.device} but target_logits is on {device}")
 
 
 _STATUS_MESSAGES = (
@@ -281,18 +229,18 @@ def verify(
                                                                              uncond_logits, target_is_probs)
     batch, length, vocab = target_logits.shape
     device = target_logits.device
-    scalars = _check_scalars(uncond_logits is not None, cfg_scale, temperature, top_k, rule, entropy_coef,
+    scalars = check_scalars(uncond_logits is not None, cfg_scale, temperature, top_k, rule, entropy_coef,
                              tvd_threshold, coupling)
-    top_p, min_p = _check_nucleus(top_p, min_p)
+    top_p, min_p = check_nucleus(top_p, min_p)
     start = _index_tensor("start", start, batch, device, high=length)
     positions = _index_tensor("positions", positions, batch, device)
-    seed = _philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64)
-    offset = _philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63)
+    seed = philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64)
+    offset = philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63)
     cfg_scale, temperature, top_k, rule_code, entropy_coef, tvd_threshold, coupling_code = scalars
     chosen = select_backend(backend, device)
     compiling = torch.compiler.is_compiling()
     if compiling or chosen != "triton":  # the eager Triton launch passes int seeds / offsets as kernel arguments
-        seed, offset = _word_tensor(seed, device), _word_tensor(offset, device)
+        seed, offset = word_tensor(seed, device), word_tensor(offset, device)
     args = (target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule_code,
             entropy_coef, tvd_threshold, start, coupling_code, positions, seed, offset, return_probs, top_p, min_p,
             target_is_probs)
@@ -331,16 +279,6 @@ def _one_target(target_logits, target_probs, uncond_logits, cfg_scale, temperatu
     return target_probs
 
 
-def _check_nucleus(top_p, min_p) -> tuple[float, float]:
-    """(top_p, min_p) for the backends: 1.0 and 0.0 mean no restriction."""
-    if top_p is not None:
-        top_p = _check_real("top_p", top_p, 0.0, 1.0)
-        if top_p == 0.0:
-            raise ValueError("top_p must lie in (0, 1] (None or 1 keeps every token), got 0")
-    min_p = 0.0 if min_p is None else _check_real("min_p", min_p, 0.0, 1.0)
-    return (1.0 if top_p is None else top_p), min_p
-
-
 def _renamed(deprecated: dict, rule: str, coupling: str) -> tuple[str, str]:
     """(rule, coupling), taking the deprecated ``mode=`` / ``next_drafts=`` spellings with a warning."""
     if not deprecated:
@@ -358,9 +296,9 @@ def _renamed(deprecated: dict, rule: str, coupling: str) -> tuple[str, str]:
 
 def _check_tensors(target_logits, draft_tokens, draft_probs, uncond_logits, target_is_probs: bool = False) -> tuple:
     if target_is_probs:
-        target_logits = _check_logits("target_probs", target_logits, dtypes=(torch.float32,))
+        target_logits = check_logits("target_probs", target_logits, dtypes=(torch.float32,))
     else:
-        target_logits = _check_logits("target_logits", target_logits)
+        target_logits = check_logits("target_logits", target_logits)
     batch, length, vocab = target_logits.shape
     device = target_logits.device
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype not in _INT_DTYPES:
@@ -368,12 +306,12 @@ def _check_tensors(target_logits, draft_tokens, draft_probs, uncond_logits, targ
         raise ValueError(f"draft_tokens must be an integer tensor, got {got}")
     if draft_tokens.shape != (batch, length):
         raise ValueError(f"draft_tokens must have shape [B, L] = {(batch, length)}, got {tuple(draft_tokens.shape)}")
-    _check_device("draft_tokens", draft_tokens, device)
+    check_device("draft_tokens", draft_tokens, device)
     if draft_tokens.dtype != torch.int64:  # every backend reads int64 (int32 ids from other decoders are common)
         draft_tokens = draft_tokens.to(torch.int64)
     if uncond_logits is not None:
-        uncond_logits = _check_logits("uncond_logits", uncond_logits, (batch, length, vocab))
-        _check_device("uncond_logits", uncond_logits, device)
+        uncond_logits = check_logits("uncond_logits", uncond_logits, (batch, length, vocab))
+        check_device("uncond_logits", uncond_logits, device)
     if draft_probs is not None:
         if not isinstance(draft_probs, torch.Tensor) or draft_probs.dtype != torch.float32:
             got = getattr(draft_probs, "dtype", type(draft_probs).__name__)
@@ -381,28 +319,10 @@ def _check_tensors(target_logits, draft_tokens, draft_probs, uncond_logits, targ
         if draft_probs.shape != (batch, length, vocab):
             raise ValueError(f"draft_probs must have shape [B, L, V] = {(batch, length, vocab)}, got "
                              f"{tuple(draft_probs.shape)}")
-        _check_device("draft_probs", draft_probs, device)
+        check_device("draft_probs", draft_probs, device)
         if draft_probs.stride(-1) not in (0, 1):
             draft_probs = draft_probs.contiguous()
     return target_logits, draft_tokens, draft_probs, uncond_logits
-
-
-def _check_scalars(has_uncond, cfg_scale, temperature, top_k, rule, entropy_coef, tvd_threshold, coupling) -> tuple:
-    """(cfg_scale, temperature, top_k or 0, rule code, entropy_coef, tvd_threshold, coupling code), checked."""
-    cfg_scale = _check_real("cfg_scale", cfg_scale)
-    if not has_uncond and cfg_scale != 1.0:
-        raise ValueError(f"cfg_scale={cfg_scale} needs uncond_logits (classifier-free guidance mixes two sets of "
-                         "logits)")
-    temperature = _check_real("temperature", temperature, 0.0)
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-    if rule not in _RULE_CODE:
-        raise ValueError(f"rule must be one of {ref.RULES}, got {rule!r}")
-    entropy_coef = _check_real("entropy_coef", entropy_coef, 0.0)
-    tvd_threshold = _check_real("tvd_threshold", tvd_threshold, 0.0, 1.0)
-    if coupling not in _COUPLING_CODE:
-        raise ValueError(f"coupling must be one of {ref.COUPLINGS}, got {coupling!r}")
-    return cfg_scale, temperature, top_k or 0, _RULE_CODE[rule], entropy_coef, tvd_threshold, _COUPLING_CODE[coupling]
 
 
 def _validate(result: VerifyResult, start: torch.Tensor, batch: int, length: int,

@@ -2,21 +2,21 @@
 
 ``csd_kernels::verify_tree`` is one custom op (schema + fake, so ``torch.compile(fullgraph=True)`` sees through it)
 whose ``backend`` argument names the implementation: ``torch`` (reference.verify_tree, the definition), ``triton``
-(csd_kernels.triton_tree), ``cpu`` / ``cuda`` (the compiled ``csd_kernels::verify_tree_rows``, csrc/tree_row.h,
-whose fake is registered here too). See docs/trees.md, "The fused op".
+(csd_kernels.backends.triton.verify_tree), ``cpu`` / ``cuda`` (the compiled ``csd_kernels::verify_tree_rows``,
+csrc/include/tree_row.h, whose fake is registered here too). See docs/trees.md, "The fused op".
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Optional
 
 import torch
 
-from . import reference as ref
-from .dispatch import ENV_BACKEND, available_backends, compiled_extension, select_backend
-from .ops import SeedLike, _check_device, _check_logits, _check_nucleus, _check_scalars, _philox_word, _word_tensor
+from .. import reference as ref
+from ..backends.compiled import has_tree, verify_tree_rows
+from .checks import SeedLike, check_device, check_logits, check_nucleus, check_scalars, philox_word, word_tensor
+from .registry import select_tree_backend
 
 __all__ = ["TreeResult", "verify_tree"]
 
@@ -24,7 +24,7 @@ TreeResult = ref.TreeResult
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Backends behind one op (the positional contract of csd_kernels.triton_tree.verify_tree_triton)
+# Backends behind one op (the positional contract of backends.triton.verify_tree.verify_tree_triton)
 # ----------------------------------------------------------------------------------------------------------------------
 def _torch_backend(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching,
                    depth_limit, cfg_scale, temperature, top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed,
@@ -41,23 +41,15 @@ def _torch_backend(target_logits, uncond_logits, node_tokens, draft_probs, sibli
 
 def _triton_backend(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching,
                     depth_limit, *scalars):
-    from .triton_tree import verify_tree_triton  # optional module (triton), imported on first use
+    from ..backends.triton.verify_tree import verify_tree_triton  # optional (triton), imported on first use
 
     uncond = None if uncond_logits is None else uncond_logits.contiguous()
     return verify_tree_triton(target_logits.contiguous(), uncond, node_tokens, draft_probs, sibling_probs, children,
                               depth, *scalars)
 
 
-def _compiled_backend(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth,
-                      branching, depth_limit, cfg_scale, temperature, top_k, top_p, min_p, rule, entropy_coef,
-                      tvd_threshold, seed, offset):
-    return tuple(torch.ops.csd_kernels.verify_tree_rows(
-        target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, cfg_scale, temperature,
-        top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed, offset))
-
-
-_BACKEND_FUNCTIONS = {"torch": _torch_backend, "triton": _triton_backend, "cpu": _compiled_backend,
-                      "cuda": _compiled_backend}
+_BACKEND_FUNCTIONS = {"torch": _torch_backend, "triton": _triton_backend, "cpu": verify_tree_rows,
+                      "cuda": verify_tree_rows}
 
 
 @functools.lru_cache(maxsize=32)
@@ -111,47 +103,12 @@ def _(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, chi
     return _fake_outputs(target_logits, draft_probs)
 
 
-def _has_compiled_tree() -> bool:
-    return compiled_extension() is not None and hasattr(torch.ops.csd_kernels, "verify_tree_rows")
-
-
-if _has_compiled_tree():
+if has_tree():
 
     @torch.library.register_fake("csd_kernels::verify_tree_rows")
     def _(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, cfg_scale, temperature,
           top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed, offset):
         return _fake_outputs(target_logits, draft_probs)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Which backend: verify's choice, limited to the backends that have a tree verification here
-# ----------------------------------------------------------------------------------------------------------------------
-def _tree_support(name: str) -> tuple[bool, str]:
-    if name in ("cpu", "cuda") and not _has_compiled_tree():
-        return False, ("csd_kernels._C has no verify_tree_rows (built before the tree op); rebuild it with "
-                       "`pip install --no-build-isolation -e .`")
-    if name == "triton":
-        try:
-            import csd_kernels.triton_tree  # noqa: F401
-        except Exception as exc:  # noqa: BLE001 - any import failure means "not available", with the reason kept
-            return False, f"csd_kernels.triton_tree could not be imported ({exc})"
-    return True, ""
-
-
-@functools.lru_cache(maxsize=None)
-def _first_tree_backend(device: torch.device) -> str:
-    return next(name for name in available_backends(device) + ["torch"] if _tree_support(name)[0])
-
-
-@torch.compiler.assume_constant_result  # evaluated eagerly under torch.compile: imports are not traceable
-def _select_tree_backend(requested: Optional[str], device: torch.device) -> str:
-    if requested is None and not os.environ.get(ENV_BACKEND):
-        return _first_tree_backend(device)
-    chosen = select_backend(requested, device)
-    ok, reason = _tree_support(chosen)
-    if not ok:
-        raise RuntimeError(f"backend={chosen!r} cannot verify trees here: {reason}")
-    return chosen
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -195,7 +152,7 @@ def verify_tree(
     B elements. Returns TreeResult: accept_len [B] int64, path, tokens [B, M + 1] int64, accept_prob, entropy, tvd,
     distortion [B, M + 1] float32, status [B] int32.
     """
-    target_logits = _check_logits("target_logits", target_logits)
+    target_logits = check_logits("target_logits", target_logits)
     batch, slots, vocab = target_logits.shape
     device = target_logits.device
     levels = _check_layout(layout, slots)
@@ -207,17 +164,17 @@ def verify_tree(
     node_tokens, draft_probs, sibling_probs, status_in = ref.tree_inputs(node_tokens, draft_probs, sibling_probs,
                                                                          vocab)
     if uncond_logits is not None:
-        uncond_logits = _check_logits("uncond_logits", uncond_logits, (batch, slots, vocab))
-        _check_device("uncond_logits", uncond_logits, device)
+        uncond_logits = check_logits("uncond_logits", uncond_logits, (batch, slots, vocab))
+        check_device("uncond_logits", uncond_logits, device)
         if uncond_logits.dtype != target_logits.dtype:
             raise ValueError(f"uncond_logits must have the dtype of target_logits ({target_logits.dtype}), got "
                              f"{uncond_logits.dtype}")
-    cfg_scale, temperature, top_k, rule_code, entropy_coef, tvd_threshold, _ = _check_scalars(
+    cfg_scale, temperature, top_k, rule_code, entropy_coef, tvd_threshold, _ = check_scalars(
         uncond_logits is not None, cfg_scale, temperature, top_k, rule, entropy_coef, tvd_threshold, "independent")
-    top_p, min_p = _check_nucleus(top_p, min_p)
-    seed = _word_tensor(_philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64), device)
-    offset = _word_tensor(_philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63), device)
-    chosen = _select_tree_backend(backend, device)
+    top_p, min_p = check_nucleus(top_p, min_p)
+    seed = word_tensor(philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64), device)
+    offset = word_tensor(philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63), device)
+    chosen = select_tree_backend(backend, device)
     compiling = torch.compiler.is_compiling()
     on_device = layout.children.device == device
     tree = layout if compiling or on_device else device_layout(layout.branching, layout.depth_limit, slots, device)
@@ -251,7 +208,7 @@ def _check_node_tokens(node_tokens, batch: int, slots: int, device) -> None:
         raise ValueError(f"node_tokens must be an integer tensor, got {got}")
     if node_tokens.shape != (batch, slots):
         raise ValueError(f"node_tokens must have shape [B, S] = {(batch, slots)}, got {tuple(node_tokens.shape)}")
-    _check_device("node_tokens", node_tokens, device)
+    check_device("node_tokens", node_tokens, device)
 
 
 def _check_probs(name: str, probs, shape: tuple, device) -> None:
@@ -259,4 +216,4 @@ def _check_probs(name: str, probs, shape: tuple, device) -> None:
         raise ValueError(f"{name} must be a float32 tensor, got {getattr(probs, 'dtype', type(probs).__name__)}")
     if probs.shape != shape:
         raise ValueError(f"{name} must have shape [B, M, V] = {shape} (M = layout.levels), got {tuple(probs.shape)}")
-    _check_device(name, probs, device)
+    check_device(name, probs, device)

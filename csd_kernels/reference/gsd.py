@@ -9,11 +9,11 @@ per position, no loop over tokens. Acceptance:
     a(x) = min(1, Σ_{y∈G(x)} p(y) / Σ_{y∈G(x)} q(y))          (0 when the group has no q mass)
 
 On rejection the token is resampled from the distortion-optimal residual r ∝ max(p − q·a, 0)
-(:func:`csd_kernels.reference.optimal_residual` with the grouped q·a), so the emitted law is
+(:func:`.distributions.optimal_residual` with the grouped q·a), so the emitted law is
 out = q·a + (1 − Σ q·a)·r and distortion = ½ Σ |out − p| (exact, per position).
 
 Defaults k = 12, δ = 0.15 follow the CSD authors' GSD baseline settings. Randomness is the reference step stream
-(u_accept, u_sample) of :func:`csd_kernels.reference.step_uniforms`; the positions after the accepted prefix get
+(u_accept, u_sample) of :func:`.rng.step_uniforms`; the positions after the accepted prefix get
 independent draws from p (the "independent" next-draft rule), so batching and seeding behave as in ``verify``.
 """
 
@@ -23,7 +23,16 @@ from typing import Optional
 
 import torch
 
-from . import reference as ref
+from .distributions import (
+    draft_distribution,
+    inverse_cdf_sample,
+    optimal_residual,
+    output_distribution,
+    target_distribution,
+    total_variation,
+)
+from .rng import step_uniforms
+from .verify import VerifyResult, accept_prefix, assemble
 
 __all__ = ["DEFAULT_GROUP_RANK", "DEFAULT_GROUP_DELTA", "group_acceptance", "grouped_verify"]
 
@@ -76,27 +85,27 @@ def grouped_verify(
     seed: torch.Tensor,
     offset: torch.Tensor,
     return_probs: bool = True,
-) -> ref.VerifyResult:
+) -> VerifyResult:
     """GSD verification with the outputs and conventions of :func:`csd_kernels.reference.verify` (built from the same
     pieces: target and draft distributions, the accepted prefix, the assembled result), only the acceptance and the
     residual differ. Shape: target_logits [B, L, V], draft_tokens [B, L], draft_probs [B, L, V] or None,
     seed [1] or [B], offset [1] or [B] (per-row step-stream offsets, as in the reference)."""
     length, vocab = target_logits.shape[1:]
-    target = ref.target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, torch.float32, top_p,
+    target = target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, torch.float32, top_p,
                                      min_p)
-    drafts = ref.draft_distribution(draft_tokens, draft_probs, vocab, torch.float32)
+    drafts = draft_distribution(draft_tokens, draft_probs, vocab, torch.float32)
     p, q, index = target.p, drafts.q, drafts.token.clamp(min=0)[..., None]
     a = group_acceptance(p, q, group_rank, group_delta)  # [B, L, V]
     q_times_a = q * a
-    residual = ref.optimal_residual(p, q_times_a)
-    out = ref.output_distribution(p, q, q_times_a, residual)
+    residual = optimal_residual(p, q_times_a)
+    out = output_distribution(p, q, q_times_a, residual)
     distortion = torch.where(drafts.has_draft, 0.5 * (out - p).abs().sum(-1), torch.zeros_like(target.h))
     q_x = q.gather(-1, index).squeeze(-1)
     accept_prob = torch.where(drafts.has_draft & (q_x > 0), a.gather(-1, index).squeeze(-1), torch.zeros_like(target.h))
 
-    u_accept, u_sample = ref.step_uniforms(seed.reshape(-1), offset.reshape(-1), positions, length)
-    accept_len, committed = ref.accept_prefix(drafts.has_draft & (u_accept < accept_prob), start, target.bad)
-    from_p = ref.inverse_cdf_sample(p, u_sample)
-    resampled = torch.where(drafts.has_draft, ref.inverse_cdf_sample(residual, u_sample), from_p)
-    return ref.assemble(target, drafts, accept_len, committed, resampled, from_p, ref.total_variation(p, q),
+    u_accept, u_sample = step_uniforms(seed.reshape(-1), offset.reshape(-1), positions, length)
+    accept_len, committed = accept_prefix(drafts.has_draft & (u_accept < accept_prob), start, target.bad)
+    from_p = inverse_cdf_sample(p, u_sample)
+    resampled = torch.where(drafts.has_draft, inverse_cdf_sample(residual, u_sample), from_p)
+    return assemble(target, drafts, accept_len, committed, resampled, from_p, total_variation(p, q),
                         accept_prob, distortion, return_probs)

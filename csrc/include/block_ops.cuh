@@ -7,7 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "../verify_row.h"
+#include "verify_row.h"
 
 namespace csd {
 namespace cuda {

@@ -1,6 +1,6 @@
 // Philox4x32-10 (Salmon et al., SC'11) and the two random streams of csd_kernels.
 //
-// This is the bit-exact C++/CUDA twin of csd_kernels/reference.py (philox4x32, uniform_from_bits, step_uniforms,
+// This is the bit-exact C++/CUDA twin of csd_kernels/reference/rng.py (philox4x32, uniform_from_bits, step_uniforms,
 // gumbel_uniforms). No torch headers: it is included by the CPU kernel, the CUDA kernel and the torch-free tests.
 #pragma once
 

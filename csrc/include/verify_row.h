@@ -1,6 +1,6 @@
 // The per-(row, position) maths of CSD verification, shared by the CPU and CUDA kernels.
 //
-// csd_kernels/reference.py is the definition; this header holds the scalar pieces every backend composes:
+// csd_kernels/reference/ is the definition; this header holds the scalar pieces every backend composes:
 // logit loading (fp32 / fp16 / bf16 -> fp32), the CFG mix and temperature scale, the acceptance rule a(x), the
 // closed-form distortion term, the entropy from the softmax sums, the per-position decision and the per-row
 // epilogue (accept_len, token selection, status bits). All maths is fp32 (the inverse-CDF prefix sums are fp64, like

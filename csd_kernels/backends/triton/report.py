@@ -5,7 +5,7 @@ gives PTX, and the ptxas bundled with Triton (``-v``) prints registers and spill
 compiles every variant this way (a kernel that no longer compiles for sm_90 fails on CPU-only CI) and
 ``benchmarks/triton_sm90.py`` prints the table, so a change that makes the register path spill shows in review.
 
-    python -m csd_kernels.triton_report [--quick] [--json rows.json]      # the table for sm_90
+    python -m csd_kernels.backends.triton.report [--quick] [--json rows.json]      # the table for sm_90
 """
 
 from __future__ import annotations
@@ -136,8 +136,8 @@ def _ptxas_report(ptx: str, arch: int) -> dict:
 
 def _kernels(variant: Variant):
     """[(jit kernel, constexprs, num_warps)] the launcher would run for ``variant``."""
-    from . import triton_verify as tv
-    from .triton_kernels import chunked, register, split
+    from . import verify as tv
+    from .kernels import chunked, register, split
 
     nucleus = variant.top_p and not variant.greedy
     chosen = tv.plan(variant.positions, variant.vocab, (variant.top_k and not variant.greedy) or nucleus
@@ -169,8 +169,8 @@ def compile_variant(variant: Variant, arch: int = 90) -> list[ResourceReport]:
 
 
 def compile_draft_kernel(arch: int = 90) -> ResourceReport:
-    """The fresh-draft-token kernel of the decoding loop (csd_kernels/triton_kernels/drafts.py)."""
-    from .triton_kernels.drafts import draft_tokens_kernel
+    """The fresh-draft-token kernel of the decoding loop (kernels/drafts.py)."""
+    from .kernels.drafts import draft_tokens_kernel
 
     constexprs = {"PER_ROW_SEED": True, "BLOCK_L": 16}
     signature = {name: "constexpr" if name in constexprs else "*i64" if name.endswith("_ptr") else "i32"
@@ -180,9 +180,9 @@ def compile_draft_kernel(arch: int = 90) -> ResourceReport:
 
 
 def compile_tree_candidates_kernel(vocab: int = 16384, branching: int = 3, arch: int = 90) -> ResourceReport:
-    """The sibling-candidate kernel of the tree loop (csd_kernels/triton_kernels/tree_candidates.py)."""
-    from .tree_drafts import candidate_block
-    from .triton_kernels.tree_candidates import tree_candidates_kernel
+    """The sibling-candidate kernel of the tree loop (kernels/tree_candidates.py)."""
+    from .drafts import candidate_block
+    from .kernels.tree_candidates import tree_candidates_kernel
 
     block = candidate_block(vocab)
     constexprs = {"PER_ROW_SEED": True, "SIBLINGS": branching - 1,
@@ -195,10 +195,10 @@ def compile_tree_candidates_kernel(vocab: int = 16384, branching: int = 3, arch:
 
 def compile_tree_kernel(vocab: int = 16384, *, greedy: bool = False, top_k: bool = False, csd_rule: bool = True,
                         logits_dtype: str = "bfloat16", arch: int = 90) -> ResourceReport:
-    """The tree verification kernel (csd_kernels/triton_kernels/tree.py) with CFG, as triton_tree launches it."""
-    from .triton_kernels.tree import tree_kernel
-    from .triton_tree import tree_block
-    from .triton_verify import register_num_warps
+    """The tree verification kernel (kernels/tree.py) with CFG, as verify_tree.py launches it."""
+    from .kernels.tree import tree_kernel
+    from .verify import register_num_warps
+    from .verify_tree import tree_block
 
     block = tree_block(vocab)
     constexprs = {"HAS_UNCOND": True, "GREEDY": greedy, "TOP_K": top_k and not greedy, "TOP_P": top_k and not greedy,

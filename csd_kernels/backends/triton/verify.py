@@ -1,15 +1,15 @@
 """Triton backend of CSD verification: the launcher. It checks nothing (``ops.verify`` did), picks a path, launches.
 
 The maths is :mod:`csd_kernels.reference` (``verify(..., compute_dtype=torch.float32)``); the kernels in
-:mod:`csd_kernels.triton_kernels` only change *how* it is computed. Three paths, chosen by :func:`plan`:
+:mod:`.kernels` only change *how* it is computed. Three paths, chosen by :func:`plan`:
 
-* ``split`` (``triton_kernels/split.py``): S programs per (row, position), each on one slice of the vocabulary, two
+* ``split`` (``kernels/split.py``): S programs per (row, position), each on one slice of the vocabulary, two
   launches. The default: one program per position leaves most SMs idle at the small batches of image generation
   and walks thousands of elements in sequence.
-* ``register`` (``triton_kernels/register.py``): one program per (row, position) holding the row in registers
+* ``register`` (``kernels/register.py``): one program per (row, position) holding the row in registers
   (V <= 16384): one HBM read, then a per-row epilogue launch. For top-k sampling (its exact k-th-largest bisection
   needs the whole row in one program).
-* ``chunked`` (``triton_kernels/chunked.py``): one program per position streaming the row in chunks, for top-k above
+* ``chunked`` (``kernels/chunked.py``): one program per position streaming the row in chunks, for top-k above
   V = 16384.
 
 FMA contraction is off (``enable_fp_fusion=False``) so the fp32 mix ``u + s·(c − u)`` rounds as in the reference.
@@ -33,8 +33,8 @@ import torch
 try:  # pragma: no cover - exercised by whichever environment imports us
     import triton
 
-    from .triton_kernels import chunked, common, register, split
-    from .triton_launch import launch
+    from .kernels import chunked, common, register, split
+    from .launch import launch
 
     _TRITON_ERROR: Optional[str] = None
 except Exception as exc:  # pragma: no cover
@@ -49,7 +49,8 @@ SPLIT_BLOCK = 1024  # tokens per program of the split path (fastest slice at B =
 SPLIT_MAX_SLICES = 256  # larger vocabularies get larger slices
 REFERENCE_SM_COUNT = 132  # an H100/H200: the plan used off-GPU (the interpreter), so CPU tests take the GPU's path
 
-__all__ = ["verify_triton", "is_available", "plan", "Plan", "REGISTER_MAX_BLOCK", "CHUNK_V"]
+__all__ = ["verify_triton", "is_available", "plan", "Plan", "REGISTER_MAX_BLOCK", "CHUNK_V", "device_guard", "fp32",
+           "pow2", "register_num_warps"]
 
 
 def is_available(device) -> tuple[bool, str]:
@@ -78,7 +79,7 @@ class Plan:
     num_warps: int
 
 
-def _pow2(n: int) -> int:
+def pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
@@ -95,12 +96,12 @@ def plan(positions: int, vocab: int, top_k: bool, sm_count: int = REFERENCE_SM_C
     slices beat the register path at every batch measured (B = 1 to 64, L = 16; docs/measurements.md). ``positions`` and
     ``sm_count`` are kept for plans that depend on them.
     """
-    register_block = max(16, _pow2(vocab))
+    register_block = max(16, pow2(vocab))
     if top_k:
         if register_block <= REGISTER_MAX_BLOCK:
             return Plan("register", register_block, register_num_warps(register_block))
         return Plan("chunked", CHUNK_V, register_num_warps(CHUNK_V))
-    block = min(max(SPLIT_BLOCK, _pow2(-(-vocab // SPLIT_MAX_SLICES))), register_block)
+    block = min(max(SPLIT_BLOCK, pow2(-(-vocab // SPLIT_MAX_SLICES))), register_block)
     return Plan("split", block, 4 if block <= 2048 else 8)
 
 
@@ -112,7 +113,7 @@ def _sm_count(device: torch.device) -> int:
 
 
 @functools.lru_cache(maxsize=1024)  # asked every call with the same few temperatures / top_p / min_p
-def _fp32(value: float) -> float:
+def fp32(value: float) -> float:
     try:
         return struct.unpack("f", struct.pack("f", value))[0]
     except OverflowError:
@@ -178,16 +179,16 @@ def verify_triton(
             q_strides=tuple(draft_probs.stride()) if has_q else (0, 0, 0),
             seed_stride=seed.stride(0) if per_row_seed else 0,
             offset_stride=offset.stride(0) if not offset_value and offset.numel() != 1 else 0,
-            scalars=(float(cfg_scale), _fp32(1.0 / temperature) if not greedy else 1.0),  # 1/T rounded once, as ref
+            scalars=(float(cfg_scale), fp32(1.0 / temperature) if not greedy else 1.0),  # 1/T rounded once, as ref
             flag_values=flags,
         )
         with device_guard(device):  # launch on the tensors' device, not the current one
             if work.plan.path == "split":
                 _launch_split(work, args, out, int(top_k), float(entropy_coef), float(tvd_threshold))
             else:
-                log_min_p = _fp32(math.log(min_p)) if min_p > 0 else float("-inf")  # ln rounded once, as the reference
+                log_min_p = fp32(math.log(min_p)) if min_p > 0 else float("-inf")  # ln rounded once, as the reference
                 _launch_per_position(work, args, out, int(top_k), float(entropy_coef), float(tvd_threshold),
-                                     (_fp32(top_p), log_min_p), nucleus)
+                                     (fp32(top_p), log_min_p), nucleus)
     o = out
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
 
@@ -219,7 +220,7 @@ _NUCLEUS_NAMES = ("TOP_P", "MIN_P", "PROBS")
 
 def _launch_key(logits, uncond, q, drafts, start, positions, seed, offset, top_k: int, flags: tuple,
                 nucleus: tuple) -> tuple:
-    """What the launches are specialized on (see triton_launch), cheaply: the device, the float inputs' dtypes, the
+    """What the launches are specialized on (see launch.py), cheaply: the device, the float inputs' dtypes, the
     strides of every input, the 16-byte alignment of every input pointer, the integer top_k and the constexpr flags.
     Every other integer argument and every workspace pointer derives from these (ops.verify fixed the shapes of the
     other inputs against target_logits, and start / positions / seed / offset are int64). A new integer or constexpr
@@ -251,7 +252,7 @@ class _Workspace:
     ints: Optional[torch.Tensor] = None
     inputs: Optional[list] = None  # the shared leading kernel arguments of the key's first call (strides fixed)
     consts: Optional[dict] = None  # the path's grids, workspace views and constexprs
-    kernels: dict = field(default_factory=dict)  # the compiled kernels of this key (triton_launch.launch's cache)
+    kernels: dict = field(default_factory=dict)  # the compiled kernels of this key (launch.launch's cache)
 
 
 _WORKSPACES: dict = {}  # never evicted: a captured CUDA graph may still write a workspace it saw
@@ -340,7 +341,7 @@ def _launch_per_position(work: _Workspace, a: _Args, out, top_k, entropy_coef, t
             scratch=tuple(work.scratch.unbind(0)), num_warps=chosen.num_warps,
             constexprs=dict(TOP_K=(not a.flags["GREEDY"]) and 0 < top_k < V, BLOCK_V=chosen.block, **a.flags,
                             **dict(zip(_NUCLEUS_NAMES, nucleus_flags))),
-            finalize_constexprs=dict(BLOCK_L=max(16, _pow2(L))),
+            finalize_constexprs=dict(BLOCK_L=max(16, pow2(L))),
             drafts_strides=(a.drafts.stride(0), a.drafts.stride(1)),
         )
     scratch = c["scratch"]
@@ -370,8 +371,8 @@ def _split_constants(work: _Workspace, a: _Args) -> dict:
                               GUMBEL=flags["COUPLING"] == 2 and not flags["GREEDY"],
                               PER_ROW_SEED=flags["PER_ROW_SEED"], BLOCK_V=chosen.block,
                               SEED_VALUE=flags["SEED_VALUE"]),
-        finish_constexprs=dict(**flags, BLOCK_V=chosen.block, S_BLOCK=max(2, _pow2(n_split)),
-                               BLOCK_L=max(16, _pow2(L))),
+        finish_constexprs=dict(**flags, BLOCK_V=chosen.block, S_BLOCK=max(2, pow2(n_split)),
+                               BLOCK_L=max(16, pow2(L))),
     )
 
 

@@ -1,5 +1,5 @@
 """Triton backend of the fused tree verification (reference.verify_tree): the host function over
-``triton_kernels/tree.py``. It checks nothing (the public op did) and never synchronises with the device.
+``kernels/tree.py``. It checks nothing (the public op did) and never synchronises with the device.
 
 One program per row walks the tree: only the nodes on the walk's path are computed (at most M + 1 of them), each in
 chunks of the vocabulary, with the row's current p and q (the RRS residuals) in a [B, 2, V] fp32 scratch.
@@ -12,10 +12,10 @@ from typing import Optional
 
 import torch
 
-from .triton_verify import CHUNK_V, _fp32, _pow2, device_guard, register_num_warps
+from .verify import CHUNK_V, device_guard, fp32, pow2, register_num_warps
 
 try:  # pragma: no cover - exercised by whichever environment imports us
-    from .triton_kernels.tree import tree_kernel
+    from .kernels.tree import tree_kernel
 
     _TRITON_ERROR: Optional[str] = None
 except Exception as exc:  # pragma: no cover
@@ -27,7 +27,7 @@ __all__ = ["verify_tree_triton", "tree_block"]
 
 def tree_block(vocab: int) -> int:
     """The vocabulary chunk of one sweep: the whole row up to CHUNK_V tokens, else CHUNK_V."""
-    return min(CHUNK_V, max(16, _pow2(vocab)))
+    return min(CHUNK_V, max(16, pow2(vocab)))
 
 
 def verify_tree_triton(target_logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], node_tokens: torch.Tensor,
@@ -65,7 +65,7 @@ def verify_tree_triton(target_logits: torch.Tensor, uncond_logits: Optional[torc
     constexprs = dict(HAS_UNCOND=uncond_logits is not None, GREEDY=greedy,
                       TOP_K=(not greedy) and 0 < top_k < vocab, TOP_P=(not greedy) and top_p < 1.0,
                       MIN_P=(not greedy) and min_p > 0.0, CSD_RULE=int(rule) == 1, PER_ROW_SEED=seed.numel() != 1,
-                      BLOCK_V=block, BLOCK_M=max(2, _pow2(levels + 1)))
+                      BLOCK_V=block, BLOCK_M=max(2, pow2(levels + 1)))
     with device_guard(device):
         tree_kernel[(batch,)](
             target_logits, target_logits.stride(0), target_logits.stride(1),
@@ -76,8 +76,8 @@ def verify_tree_triton(target_logits: torch.Tensor, uncond_logits: Optional[torc
             children, *children.stride(), depth,
             seed, seed.stride(0) if seed.numel() != 1 else 0, offset, offset.stride(0) if offset.numel() != 1 else 0,
             scratch, accept_len, path, tokens, *floats, status,
-            levels, children.shape[1], vocab, float(cfg_scale), _fp32(1.0 / temperature) if not greedy else 1.0,
-            int(top_k), _fp32(top_p), _fp32(math.log(min_p)) if min_p > 0 else float("-inf"), float(entropy_coef),
+            levels, children.shape[1], vocab, float(cfg_scale), fp32(1.0 / temperature) if not greedy else 1.0,
+            int(top_k), fp32(top_p), fp32(math.log(min_p)) if min_p > 0 else float("-inf"), float(entropy_coef),
             float(tvd_threshold),
             **constexprs, num_warps=register_num_warps(block), enable_fp_fusion=False)
     return accept_len, path, tokens, *floats, status

@@ -26,8 +26,8 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from .lumina import RowEndLayout
-from .protocol import to_uint8_images
+from ..protocol import to_uint8_images
+from ..row_end import RowEndLayout
 
 __all__ = ["EMU3_DEFAULTS", "EMU3_NEGATIVE_PROMPT", "EMU3_POSITIVE_SUFFIX", "Emu3Adapter", "emu3_grid", "emu3_prompt",
            "load_emu3"]
@@ -101,7 +101,7 @@ def load_emu3(path: Union[str, os.PathLike], *, grid: Optional[tuple[int, int]] 
     return Emu3Adapter(model, emu3_grid() if grid is None else grid, negative_prompt_ids=negative_prompt_ids)
 
 
-class Emu3Adapter(RowEndLayout):  # the row-end layout is Lumina-mGPT's
+class Emu3Adapter(RowEndLayout):  # the row-end layout of Lumina-mGPT
     """``negative_prompt_ids``: token ids of the CFG negative prompt (one prompt for every row), or None for
     transformers' default unconditional context (the prompt's last token)."""
 

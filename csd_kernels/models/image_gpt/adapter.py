@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .base import CachedImageLM
+from ..base import CachedImageLM
 
 __all__ = ["ImageGPT"]
 

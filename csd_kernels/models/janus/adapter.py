@@ -14,8 +14,8 @@ from typing import Optional
 
 import torch
 
-from .base import CachedImageLM
-from .protocol import to_uint8_images
+from ..base import CachedImageLM
+from ..protocol import to_uint8_images
 
 __all__ = ["JanusAdapter", "janus_prompt", "JANUS_PRO_ROLES", "JANUS_ROLES", "JANUS_DEFAULTS"]
 

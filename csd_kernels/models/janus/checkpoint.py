@@ -42,8 +42,7 @@ from typing import Optional, Union
 
 import torch
 
-from .lumina_checkpoint import _GENERIC_FIELDS
-from .strict import MAX_LISTED, indexed_shards, log_ignored, raise_problems, read_json
+from ..checkpoint import GENERIC_FIELDS, MAX_LISTED, indexed_shards, log_ignored, raise_problems, read_json
 
 __all__ = ["is_janus_original", "janus_original_config", "janus_tokenizer", "load_janus_pro"]
 
@@ -129,7 +128,7 @@ def _params(raw: dict, key: str, where: Path) -> dict:
 
 
 def _language_config(language: dict, where: Path) -> dict:
-    unknown = sorted(set(language) - set(_LLAMA_PASSED) - _LLAMA_IGNORED - _GENERIC_FIELDS)
+    unknown = sorted(set(language) - set(_LLAMA_PASSED) - _LLAMA_IGNORED - GENERIC_FIELDS)
     if unknown:
         raise ValueError(f"{where}: unknown language_config fields {unknown}")
     if language.get("rope_scaling") is not None:
@@ -163,7 +162,7 @@ def janus_original_config(raw: dict, stored: dict, where: Union[str, Path] = "co
     where = Path(where)
     if raw.get("model_type") != "multi_modality":
         raise ValueError(f"{where}: model_type {raw.get('model_type')!r} is not deepseek's 'multi_modality'")
-    unknown = sorted(set(raw) - _TOP_FIELDS - _GENERIC_FIELDS)
+    unknown = sorted(set(raw) - _TOP_FIELDS - GENERIC_FIELDS)
     if unknown:
         raise ValueError(f"{where}: unknown config fields {unknown}")
     vision, aligner = _params(raw, "vision_config", where), _params(raw, "aligner_config", where)

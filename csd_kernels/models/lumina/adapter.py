@@ -39,13 +39,10 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from .base import CachedImageLM
-from .protocol import to_uint8_images
-from .row_cache import move_rows, tree_visibility
-from .row_end_tree import companion_ancestor, companions, forced_room, path_moves
+from ..protocol import to_uint8_images
+from ..row_end import RowEndLayout
 
-__all__ = ["DEFAULT_GRID", "LUMINA_DEFAULTS", "LuminaMGPT", "RowEndLayout", "load_lumina_mgpt", "lumina_grid",
-           "lumina_prompt"]
+__all__ = ["DEFAULT_GRID", "LUMINA_DEFAULTS", "LuminaMGPT", "load_lumina_mgpt", "lumina_grid", "lumina_prompt"]
 
 # Sampling defaults of the family, for generate(**LUMINA_DEFAULTS): image top-k 2000 and CFG 3.0 are the setting of
 # the SJD and GSD papers' Lumina-mGPT experiments (and of inference_solver.create_logits_processor's defaults);
@@ -97,13 +94,13 @@ def load_lumina_mgpt(path_or_model, *, grid: Optional[tuple[int, int]] = None,
                      dtype: Optional[torch.dtype] = None,
                      device: Union[str, torch.device, None] = None) -> LuminaMGPT:
     """A LuminaMGPT adapter over transformers' Chameleon, from a Lumina-mGPT checkpoint folder (config.json +
-    safetensors, as Alpha-VLLM releases it; converted by :mod:`.lumina_checkpoint`) or an already-built
+    safetensors, as Alpha-VLLM releases it; converted by :mod:`.checkpoint`) or an already-built
     ``ChameleonForConditionalGeneration`` (wrapped; moved when dtype/device are given).
 
     grid: (H, W) tokens; None = DEFAULT_GRID (48 x 48, Lumina-mGPT-7B-768). For another size use
     ``lumina_grid(width, height)`` with the width/height of ``lumina_prompt``. Defaults for generate(): ``.defaults``.
     """
-    from .lumina_checkpoint import load_lumina_chameleon, move_chameleon
+    from .checkpoint import load_lumina_chameleon, move_chameleon
 
     if isinstance(path_or_model, (str, os.PathLike)):
         model = load_lumina_chameleon(path_or_model, dtype=dtype, device=device)
@@ -113,102 +110,6 @@ def load_lumina_mgpt(path_or_model, *, grid: Optional[tuple[int, int]] = None,
         raise ValueError(f"load_lumina_mgpt takes a checkpoint folder or a ChameleonForConditionalGeneration, got "
                          f"{type(path_or_model).__name__}")
     return LuminaMGPT(model.eval(), grid=DEFAULT_GRID if grid is None else grid, decode=decode)
-
-
-class RowEndLayout(CachedImageLM):
-    """A forced row-end token after every grid row (Lumina-mGPT, Emu3): the sequence index of x_k is
-    P + k + k // width; the chain forwards insert the row ends, a draft tree gives every node at a row's last grid
-    position its own (row_end_tree). A subclass sets ``row_end_token_id``."""
-
-    _forced_room = 0  # E of the draft tree static_cache() was given (row_end_tree)
-    _companions = None  # the last forward_tree's companions, for keep_path
-
-    def _seq_index(self, k):
-        return self.prompt_len + k + (k // self.grid[1] if k >= 0 else 0)
-
-    def _window(self, ids, first):
-        # ids [R, L] model ids of x_first .. x_{first+L-1}; a row end follows every x_k with k % W == W - 1
-        rows, length = ids.shape
-        width = self.grid[1]
-        k = torch.arange(first, first + length, device=ids.device)  # [L]
-        row_end = ((k >= 0) & (k % width == width - 1)).to(torch.int64)  # [L]
-        # number of row ends among x_first .. x_{first+L-1}, on the host from ints (no device sync)
-        ends = (first + length) // width - max(first, 0) // width
-        slot = torch.arange(length, device=ids.device) + row_end.cumsum(0) - row_end  # [L] sequence slot of x_k
-        seq = torch.full((rows, length + ends), self.row_end_token_id, dtype=ids.dtype, device=ids.device)
-        seq[:, slot] = ids  # [R, T]
-        keep = None if ends == 0 else slot + row_end  # output slot that predicts x_{k+1}
-        return {"input_ids": seq}, keep
-
-    def _static_span(self, window):
-        return window + -(-window // self.grid[1])  # W inputs and at most ceil(W / width) row ends among them
-
-    def _window_static(self, ids, first):
-        # per row: x_first .. x_{first+W-1} with a row end after every x_k, k % width == width - 1; trailing spare
-        # slots hold row ends too (past every real input: nothing reads them before they are overwritten)
-        ids, _ = self._at_prompt_end(ids, first)
-        rows, length = ids.shape
-        width, span = self.grid[1], self._static_span(length)
-        k = first[:, None] + torch.arange(length, device=ids.device)[None, :]  # [R, W]
-        row_end = ((k >= 0) & (k % width == width - 1)).to(torch.int64)
-        slot = torch.arange(length, device=ids.device)[None, :] + row_end.cumsum(1) - row_end  # [R, W]
-        seq = torch.full((rows, span), self.row_end_token_id, dtype=ids.dtype, device=ids.device)
-        seq = seq.scatter(1, slot, ids)  # [R, T]
-        base = self._seq_indices(first)  # [R]
-        slots = base[:, None] + torch.arange(span, device=ids.device)[None, :]
-        return {"input_ids": seq}, slots, slot + row_end
-
-    def _seq_indices(self, k):
-        return self.prompt_len + k + torch.where(k >= 0, k // self.grid[1], 0)  # _seq_index of a tensor of k
-
-    # draft trees: every node at a row's last grid position gets its own forced row end (row_end_tree)
-    supports_tree = True
-
-    def static_cache(self, window, tree=None):
-        super().static_cache(window, tree)
-        self._forced_room = 0 if tree is None else forced_room(tree.depth, self.grid[1])
-
-    def _tree_span(self, window):
-        return window + self._forced_room
-
-    @torch.no_grad()
-    def forward_tree(self, tokens, first, depth, ancestor):
-        """CachedImageLM.forward_tree with the forced row ends: W nodes, then E companions (row_end_tree); a node at
-        a row end returns its companion's logits."""
-        ids = self._to_model_ids(tokens)  # [B, W]
-        if self.cfg:
-            ids, first = torch.cat([ids, ids], 0), torch.cat([first, first], 0)  # [R, W], [R]
-        ids, _ = self._at_prompt_end(ids, first)
-        window, room, depth = ids.shape[1], self._forced_room, depth.to(ids.device)
-        if room == 0:
-            raise ValueError(f"{type(self).__name__}.forward_tree: call static_cache(window, tree=layout) before the "
-                             "prefill (the tree's row ends need room in the cache)")
-        comp = self._companions = companions(first, depth, self.grid[1], room)
-        node_seq = self._seq_indices(first[:, None] + depth[None, :])  # [R, W]
-        positions = torch.cat([node_seq, node_seq.gather(1, comp.owner) + 1], 1)  # [R, W + E]
-        row_ends = torch.full_like(ids[:, :1], self.row_end_token_id).expand(-1, room)
-        base = self._seq_indices(first)  # [R]
-        slots = base[:, None] + torch.arange(window + room, device=ids.device)[None, :]
-        visible = tree_visibility(base, companion_ancestor(ancestor.to(ids.device), comp), self.cache.capacity,
-                                  self._key_valid)
-        hidden = self._run_rows({"input_ids": torch.cat([ids, row_ends], 1)}, slots, visible, positions)
-        out = torch.where(comp.forced, window + comp.rank, torch.arange(window, device=ids.device))  # [R, W]
-        logits = self._head(hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1])))
-        if self.cfg:
-            return logits[: self.batch], logits[self.batch :]
-        return logits, None
-
-    def keep_path(self, first, path):
-        """Moves the last forward_tree's accepted path and its row ends into the chain layout (slot _seq_index of
-        each grid token, its row end one after)."""
-        if self.cfg:
-            first, path = torch.cat([first, first], 0), torch.cat([path, path], 0)
-        base = self._seq_indices(first)[:, None]  # [R, 1]
-        depth = torch.arange(path.shape[1], device=path.device)[None, :]
-        destination, source = path_moves(path, self._companions, self._seq_indices(first[:, None] + depth) - base)
-        for layer in self.cache.layers:
-            move_rows(layer.keys, base + destination, base + source)
-            move_rows(layer.values, base + destination, base + source)
 
 
 class LuminaMGPT(RowEndLayout):

@@ -38,7 +38,7 @@ _NO_HIT: tl.constexpr = tl.constexpr(2147483647)
 
 
 @triton.jit
-def _restrict(z, mask, thr, TOP_K: tl.constexpr):
+def restrict(z, mask, thr, TOP_K: tl.constexpr):
     """−inf outside the vocabulary and, with a restriction (TOP_K: top-k, top-p or min-p), below the threshold key."""
     z = tl.where(mask, z, float("-inf"))
     if TOP_K:
@@ -47,8 +47,8 @@ def _restrict(z, mask, thr, TOP_K: tl.constexpr):
 
 
 @triton.jit
-def _load_z(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr,
-            PROBS: tl.constexpr):
+def load_z(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr,
+           PROBS: tl.constexpr):
     """z of one chunk: the masked CFG mix, or ln w for target probabilities."""
     if PROBS:
         return log_or_minus_inf(load_prob(c_row, offs, mask))
@@ -56,15 +56,15 @@ def _load_z(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr
 
 
 @triton.jit
-def _chunk_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr,
-             GREEDY: tl.constexpr, TOP_K: tl.constexpr, PROBS: tl.constexpr):
+def chunk_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr,
+            GREEDY: tl.constexpr, TOP_K: tl.constexpr, PROBS: tl.constexpr):
     """(p, support) on one chunk."""
     if PROBS:
         w, _bad = load_probs(c_row, offs, mask)
         return w / z_sum, w > 0
     if GREEDY:
         return tl.where(offs == amax, 1.0, 0.0), mask
-    z = _restrict(load_mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, GREEDY), mask, thr, TOP_K)
+    z = restrict(load_mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, GREEDY), mask, thr, TOP_K)
     return tl.exp(z - m) / z_sum, z > float("-inf")
 
 
@@ -173,9 +173,9 @@ def restriction_threshold(c_row, u_row, V, top_k, top_p, log_min_p, cfg_scale, i
 
 
 @triton.jit
-def _softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, pos, row_id, k0, k1, HAS_UNCOND: tl.constexpr,
-                   GREEDY: tl.constexpr, TOP_K: tl.constexpr, WITH_GUMBEL: tl.constexpr, PROBS: tl.constexpr,
-                   BLOCK_V: tl.constexpr):
+def softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, pos, row_id, k0, k1, HAS_UNCOND: tl.constexpr,
+                  GREEDY: tl.constexpr, TOP_K: tl.constexpr, WITH_GUMBEL: tl.constexpr, PROBS: tl.constexpr,
+                  BLOCK_V: tl.constexpr):
     """Sweep 1: (bad, online max m, Z = Σ e^(z−m) (Σ w for PROBS), first argmax (T = 0), gumbel argmax)."""
     lane = tl.arange(0, BLOCK_V)
     bad = tl.zeros((), tl.int32)
@@ -193,7 +193,7 @@ def _softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, pos, row_id, k0, k1, 
         else:
             z, bad_c = load_mix_flagged(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
         bad = tl.maximum(bad, bad_c)
-        z = _restrict(z, mask, thr, TOP_K)
+        z = restrict(z, mask, thr, TOP_K)
         m_c = tl.max(z, 0)
         if PROBS:
             z_sum += tl.sum(w, 0)
@@ -234,8 +234,8 @@ def _stats_sweep(c_row, u_row, q_row, s_qv, probs_row, x, bad, V, thr, m, z_sum,
     for v0 in range(0, V, BLOCK_V):
         offs = v0 + lane
         mask = offs < V
-        p, _support = _chunk_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
-                               TOP_K, PROBS)
+        p, _support = chunk_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
+                              TOP_K, PROBS)
         q, bad_c = _chunk_q(q_row, s_qv, offs, mask, x, HAS_Q)
         bad_q = tl.maximum(bad_q, bad_c)
         q_sum += tl.sum(q, 0)
@@ -270,8 +270,8 @@ def _draw_sweep(c_row, u_row, q_row, s_qv, x, bad_q, use_r, target_w, target_p, 
     for v0 in range(0, V, BLOCK_V):
         offs = v0 + lane
         mask = offs < V
-        p, support = _chunk_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
-                              TOP_K, PROBS)
+        p, support = chunk_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
+                             TOP_K, PROBS)
         q, _bad_c = _chunk_q(q_row, s_qv, offs, mask, x, HAS_Q)
         dist += tl.sum(gated_distortion(p, tl.where(bad_q, 0.0, q), lambda_h, support), 0)
         w = tl.where(use_r, tl.maximum(p - q, 0.0), p)
@@ -317,16 +317,16 @@ def position_chunked_kernel(
     thr = restriction_threshold(c_row, u_row, V, top_k, top_p, log_min_p, cfg_scale, inv_t, HAS_UNCOND, TOP_K, TOP_P,
                                 MIN_P, BLOCK_V)
     RESTRICT: tl.constexpr = TOP_K or TOP_P or MIN_P
-    bad, m, z_sum, amax, g_index = _softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, pos, row_id, k0, k1,
-                                                  HAS_UNCOND, GREEDY, RESTRICT, COUPLING == GUMBEL, PROBS, BLOCK_V)
+    bad, m, z_sum, amax, g_index = softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, pos, row_id, k0, k1,
+                                                 HAS_UNCOND, GREEDY, RESTRICT, COUPLING == GUMBEL, PROBS, BLOCK_V)
     h, abs_diff, p_sum, p_x, q_x, bad_q, residual, p_total = _stats_sweep(
         c_row, u_row, q_row, s_qv, probs_ptr + pid * V, x, bad, V, thr, m, z_sum, amax, cfg_scale, inv_t,
         HAS_UNCOND, HAS_Q, GREEDY, RESTRICT, RETURN_PROBS, PROBS, BLOCK_V)
     tvd = tl.where(bad_q, 0.5 * p_sum, 0.5 * abs_diff)  # a flagged q counts as the zero vector
     # a draft outside the support of p (masked, or cut by a restriction) is rejected: q(x) counts as 0
     x_safe = tl.maximum(x, 0)
-    z_x = _restrict(_load_z(c_row, u_row, x_safe, has_draft, cfg_scale, inv_t, HAS_UNCOND, GREEDY, PROBS), has_draft,
-                    thr, RESTRICT)
+    z_x = restrict(load_z(c_row, u_row, x_safe, has_draft, cfg_scale, inv_t, HAS_UNCOND, GREEDY, PROBS), has_draft,
+                   thr, RESTRICT)
     if GREEDY and not PROBS:
         x_in_support = x_safe == amax
     else:

@@ -24,7 +24,7 @@ Kernel parameters, named alike in every path:
 import triton
 import triton.language as tl
 
-from .. import reference as ref
+from .... import reference as ref
 
 M0 = tl.constexpr(ref.PHILOX_M0)
 M1 = tl.constexpr(ref.PHILOX_M1)

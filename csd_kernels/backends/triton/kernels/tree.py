@@ -11,8 +11,8 @@ sweep through the same chunk carries). No node off the path is ever computed; no
 import triton
 import triton.language as tl
 
-from .. import reference as ref
-from .chunked import _chunk_p, _load_z, _restrict, _softmax_sweep, restriction_threshold
+from .... import reference as ref
+from .chunked import chunk_p, load_z, restrict, restriction_threshold, softmax_sweep
 from .common import S_BAD_LOGITS, acceptance, chunk_cdf, gated_distortion, philox, row_key, uniform
 
 TREE_TAG = tl.constexpr(ref.TREE_STREAM_TAG)
@@ -33,8 +33,8 @@ def _node_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, bad, inv_v, cfg_scale
             GREEDY: tl.constexpr, RESTRICT: tl.constexpr):
     """(p, support) of one chunk, 0 / False outside the vocabulary. A node with bad logits has z = 0
     (reference.target_distribution): p uniform, or one-hot(0) for T = 0."""
-    p, support = _chunk_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
-                          RESTRICT, False)
+    p, support = chunk_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
+                         RESTRICT, False)
     p = tl.where(mask, p, 0.0)
     if GREEDY:
         fallback = offs == 0
@@ -49,8 +49,8 @@ def _in_support(c_row, u_row, x, thr, amax, bad, cfg_scale, inv_t, HAS_UNCOND: t
     """Whether token x (a valid index) is in the node's support."""
     if GREEDY:
         return tl.where(bad, x == 0, x == amax)
-    z = _restrict(_load_z(c_row, u_row, x, x >= 0, cfg_scale, inv_t, HAS_UNCOND, GREEDY, False), x >= 0, thr,
-                  RESTRICT)
+    z = restrict(load_z(c_row, u_row, x, x >= 0, cfg_scale, inv_t, HAS_UNCOND, GREEDY, False), x >= 0, thr,
+                 RESTRICT)
     return bad | (z > float("-inf"))
 
 
@@ -186,8 +186,8 @@ def tree_kernel(
             q_row = q_ptr + b * s_qb + q_level * s_ql
             thr = restriction_threshold(c_row, u_row, V, top_k, top_p, log_min_p, cfg_scale, inv_t, HAS_UNCOND,
                                         TOP_K, TOP_P, MIN_P, BLOCK_V)
-            bad, m, z_sum, amax, _g = _softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, 0, 0, 0, 0, HAS_UNCOND,
-                                                     GREEDY, RESTRICT, False, False, BLOCK_V)
+            bad, m, z_sum, amax, _g = softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, 0, 0, 0, 0, HAS_UNCOND,
+                                                    GREEDY, RESTRICT, False, False, BLOCK_V)
             status |= tl.where(bad, S_BAD_LOGITS, 0)
             tl.debug_barrier()  # every thread is done reading the previous node's scratch
             h, tvd = _load_node(c_row, u_row, q_row, s_qv, level < M, scr_p, scr_q, V, thr, m, z_sum, amax, bad,

@@ -5,7 +5,7 @@ the best K - 1 keys log q - log(-log u). Ties go to the lowest token (the refere
 import triton
 import triton.language as tl
 
-from .. import reference as ref
+from .... import reference as ref
 from .common import philox, row_key, uniform
 
 TREE_TAG = tl.constexpr(ref.TREE_STREAM_TAG)
