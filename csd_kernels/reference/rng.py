@@ -1,6 +1,6 @@
-"""The random numbers of every backend: Philox4x32-10 keyed by (seed, row, position, offset), one definition.
+"""The random numbers of every backend, one definition: Philox4x32-10 (Salmon et al., 2011), see :func:`philox4x32`.
 
-Random numbers: Philox4x32-10 (Salmon et al., 2011), see :func:`philox4x32`. Keys and counters:
+Keys and counters:
 
 * key = the row's seed as (low 32 bits, high 32 bits).
 * step stream, one Philox call per (row, position):
