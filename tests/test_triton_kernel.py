@@ -28,6 +28,23 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's log
 MASK32 = 0xFFFFFFFF
 
 
+@triton.jit
+def _runtime_bound_kernel(out_ptr, n, BLOCK: tl.constexpr):
+    total = tl.zeros((), tl.int32)
+    for start in range(0, n, BLOCK):
+        total += tl.sum(tl.where(start + tl.arange(0, BLOCK) < n, 1, 0), 0)
+    tl.store(out_ptr, total)
+
+
+def test_loops_with_a_runtime_bound():
+    """``for v0 in range(0, V, BLOCK_V)`` with V a kernel argument (the chunked and tree kernels' vocabulary loops):
+    Triton 3.6's interpreter with numpy >= 2.4 failed on it (int() of a shape-[1] array) until
+    backends.triton.interpreter_compat squeezed the scalar."""
+    out = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    _runtime_bound_kernel[(1,)](out, 37, BLOCK=16)
+    assert out.item() == 37
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Philox streams, bit for bit
 # ----------------------------------------------------------------------------------------------------------------------

@@ -36,21 +36,20 @@ def _window_drafts(draft_token_ids: torch.Tensor, length: int) -> torch.Tensor:
     return window
 
 
-def _window_draft_probs(draft_probs: Optional[torch.Tensor], n: int, target_probs: torch.Tensor):
-    """[B, n + 1, V] q for verify: the draft rows, then a row for the undrafted bonus slot (never used to accept or
-    to resample; it only enters that slot's tvd statistic). A [B, n + 1, V] draft_probs is taken as is (no copy)."""
+def _window_draft_probs(draft_probs: Optional[torch.Tensor], n: int, batch: int, vocab: int):
+    """[B, n + 1, V] q for verify: the draft rows, then a zero row for the undrafted bonus slot (a q row where no
+    draft is tested decides nothing and is not checked). A [B, n + 1, V] draft_probs is taken as is (no copy)."""
     if draft_probs is None:
         return None
     if not isinstance(draft_probs, torch.Tensor) or draft_probs.dim() != 3:
         raise ValueError(f"draft_probs must be a float32 tensor [B, n, V], got "
                          f"{getattr(draft_probs, 'shape', type(draft_probs).__name__)}")
-    batch, length, vocab = target_probs.shape
-    if draft_probs.shape[1] == length and draft_probs.shape[0] == batch:
+    if tuple(draft_probs.shape) == (batch, n + 1, vocab):
         return draft_probs
     if tuple(draft_probs.shape) != (batch, n, vocab):
         raise ValueError(f"draft_probs must have shape [B, n, V] = {(batch, n, vocab)} (or [B, n + 1, V]), got "
                          f"{tuple(draft_probs.shape)}")
-    return torch.cat([draft_probs, target_probs[:, n:].to(draft_probs.dtype)], 1)
+    return torch.cat([draft_probs, draft_probs.new_zeros(batch, 1, vocab)], 1)
 
 
 def _check_target(name: str, target: torch.Tensor, batch: int, n: int) -> None:
@@ -107,11 +106,13 @@ def chain_speculative_sampling(
     the call CUDA-graph safe); without a seed, one is drawn on the host from ``generator``. The result is always
     deterministic for a given seed, offset and input (``deterministic`` is accepted and ignored).
     Differences from FlashInfer: a draft with q(x) = 0 is rejected (FlashInfer accepts it when p(x) > 0); a draft
-    token −1 means "no draft" (the position is sampled from the target and ends the chain); rows of target_probs and
-    draft_probs must sum to 1 within 1e-3 (target rows are renormalised, see ``verify(target_probs=)``).
+    token −1 means "no draft" (the position is sampled from the target and ends the chain); rows of target_probs, and
+    the draft_probs rows of drafted positions, must sum to 1 within 1e-3 (target rows are renormalised, see
+    ``verify(target_probs=)``; the q row of an undrafted position decides nothing and is not checked).
     ``validate=True`` raises ValueError on bad input (one host sync); ``validate=False`` never syncs.
 
-    Shape: draft_probs [B, n, V] float32 (or [B, n + 1, V]: the last row is then used as is, without a copy),
+    Shape: draft_probs [B, n, V] float32 (or [B, n + 1, V], without a copy: the last row, at the undrafted bonus
+    slot, decides nothing and may be anything, e.g. zeros),
     draft_token_ids [B, n] int, target_probs [B, n + 1, V].
     """
     del deterministic
@@ -203,16 +204,9 @@ def _verify_chain(draft_token_ids, draft_probs, target: dict, seed, offset, gene
     batch, n = draft_token_ids.shape
     name = "target_probs" if "target_probs" in target else "target_logits"
     _check_target(name, target[name], batch, n)
-    bonus_q = target[name] if name == "target_probs" else _uniform_like(target[name])
-    q = _window_draft_probs(draft_probs, n, bonus_q)
+    q = _window_draft_probs(draft_probs, n, batch, target[name].shape[-1])
     seed, offset = _seed(seed, offset, generator)
     result = verify(draft_tokens=_window_drafts(draft_token_ids, n + 1), draft_probs=q, **target, rule="strict",
                     coupling="maximal", seed=seed, offset=offset, return_probs=False, backend=backend,
                     validate=validate)
     return result, n
-
-
-def _uniform_like(target_logits: torch.Tensor) -> torch.Tensor:
-    """A uniform q [B, L, V] as a stride-0 view (any normalised row will do for the bonus slot: it never decides)."""
-    vocab = target_logits.shape[-1]
-    return torch.full((1, 1, 1), 1.0 / vocab, device=target_logits.device).expand(target_logits.shape)

@@ -207,7 +207,8 @@ def verify(
     top_k / top_p / min_p restrict p (in that order; ties at a threshold are kept), see docs/op-semantics.md.
     target_probs: the target distribution instead of target_logits (exactly one of the two; then no uncond_logits,
     cfg_scale, temperature or top-k / top-p / min-p): rows must sum to 1 within reference.PROB_SUM_TOLERANCE and are
-    renormalised. draft_probs rows must sum to 1 within the same tolerance (else status STATUS_BAD_DRAFT_PROBS).
+    renormalised. draft_probs rows must sum to 1 within the same tolerance where a draft is tested (else status
+    STATUS_BAD_DRAFT_PROBS); at an undrafted position (draft −1) the q row decides nothing and is not checked.
 
     Shape: target_logits [B, L, V] (float32/bfloat16/float16, any strides on B and L) or target_probs [B, L, V]
     float32, draft_tokens [B, L] int32 or int64

@@ -21,7 +21,8 @@ __all__ = ["STATUS_BAD_LOGITS", "STATUS_BAD_DRAFT_TOKEN", "STATUS_BAD_DRAFT_PROB
 STATUS_BAD_LOGITS = 1  # NaN or +Inf in target_logits / uncond_logits, an overflowing CFG mix, no finite logit;
 #                        with target_probs: a negative or non-finite value, or a sum off 1 by > PROB_SUM_TOLERANCE
 STATUS_BAD_DRAFT_TOKEN = 2  # a draft token outside [-1, V)
-STATUS_BAD_DRAFT_PROBS = 4  # a negative or non-finite value in draft_probs, or a row sum off 1 by > PROB_SUM_TOLERANCE
+STATUS_BAD_DRAFT_PROBS = 4  # a negative or non-finite value in draft_probs, or a row sum off 1 by > PROB_SUM_TOLERANCE,
+#                             at a position with a draft (an undrafted position's q row decides nothing)
 STATUS_MISSING_COMMITTED_TOKEN = 8  # draft_tokens[b, i] = -1 at a position i < start[b]
 
 # |Σ row − 1| allowed in draft_probs and target_probs rows (fp32 softmax over any vocabulary is far inside it; a row
@@ -192,7 +193,8 @@ class Target:
 @dataclass
 class Drafts:
     """The draft side: sanitised tokens (-1 = none), q (the zero vector where there is neither a draft nor
-    draft_probs; zeroed where draft_probs was invalid), and the input flags.  [B, L, (V)]"""
+    draft_probs; zeroed where the draft_probs row was not a distribution), and the input flags (bad_probs: such a row
+    at a position with a draft).  [B, L, (V)]"""
 
     token: torch.Tensor
     has_draft: torch.Tensor
@@ -236,6 +238,9 @@ def draft_distribution(draft_tokens, draft_probs, vocab: int, compute_dtype) -> 
     else:
         q = draft_probs.to(compute_dtype).expand(*token.shape, vocab)
         total = q.sum(-1) if draft_probs.stride(-1) else q[..., 0].to(torch.float64) * vocab  # a uniform q: V·q_0
-        bad_probs = ~(torch.isfinite(q) & (q >= 0)).all(-1) | ~((total - 1).abs() <= PROB_SUM_TOLERANCE)
-        q = torch.where(bad_probs[..., None], torch.zeros_like(q), q)
+        not_a_law = ~(torch.isfinite(q) & (q >= 0)).all(-1) | ~((total - 1).abs() <= PROB_SUM_TOLERANCE)
+        q = torch.where(not_a_law[..., None], torch.zeros_like(q), q)
+        # Reported only where a draft is tested: an undrafted position's q row decides nothing (FlashInfer's / vLLM's
+        # bonus slot is padded with a zero row); there it only enters the tvd statistic, as the zero vector.
+        bad_probs = not_a_law & has_draft
     return Drafts(token, has_draft, bad_token, q, bad_probs)

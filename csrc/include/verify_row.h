@@ -227,7 +227,7 @@ CSD_HD void row_epilogue(int64_t length, int64_t vocab, int64_t start, const int
     if (stops && al == length) al = i;
     if (f & kFlagBadLogits) st |= kStatusBadLogits;
     if (f & kFlagBadToken) st |= kStatusBadDraftToken;
-    if (f & kFlagBadProbs) st |= kStatusBadDraftProbs;
+    if ((f & kFlagBadProbs) && (f & kFlagHasDraft)) st |= kStatusBadDraftProbs;  // q decides only where drafted
     if (committed && !(f & kFlagHasDraft)) st |= kStatusMissingCommittedToken;
   }
   for (int64_t i = 0; i < length; ++i) {

@@ -25,6 +25,9 @@ import triton
 import triton.language as tl
 
 from .... import reference as ref
+from ..interpreter_compat import squeeze_scalar_index
+
+squeeze_scalar_index()  # runtime loop bounds under older Triton interpreters with numpy >= 2.4 (see there)
 
 M0 = tl.constexpr(ref.PHILOX_M0)
 M1 = tl.constexpr(ref.PHILOX_M1)
@@ -259,7 +262,7 @@ def store_position(out, bad, bad_tok, bad_q, committed, has_draft, accepted, h, 
     tl.store(dist_ptr + out, tl.where(bad, nan, dist))
     stop = (~accepted & ~committed) | bad
     flags = (tl.where(bad, S_BAD_LOGITS, 0) | tl.where(bad_tok, S_BAD_TOKEN, 0)
-             | tl.where(bad_q, S_BAD_PROBS, 0) | tl.where(committed & ~has_draft, S_MISSING, 0)
+             | tl.where(bad_q & has_draft, S_BAD_PROBS, 0) | tl.where(committed & ~has_draft, S_MISSING, 0)
              | tl.where(stop, F_STOP, 0))
     tl.store(flags_ptr + out, flags.to(tl.int32))
     tl.store(res_ptr + out, resampled.to(tl.int32))
