@@ -6,7 +6,7 @@
 
 Each measurement captures one graph that calls the op once on each of K input sets (K sets span > 200 MB, so
 every call reads HBM, not the 60 MB L2), replays it, and divides by K. "read once" is the same graph around
-torch.sum of the three input tensors (the floor of bench.py); "HBM floor" is the input bytes over 4.3 TB/s (a
+torch.sum of the three input tensors (the floor of bench/op.py); "HBM floor" is the input bytes over 4.3 TB/s (a
 device-to-device copy measured on an H200 of this workplace). Targets (issue 9): <= 1.5x read-once at B = 16,
 <= 5 us at B = 1, L = 16, V = 16384. ``--sweep`` also times every Triton plan (register, split at each slice size)
 at V = 16384 to check the launcher's choice.
@@ -20,8 +20,8 @@ import time
 import torch
 
 import csd_kernels as ck
-from csd_kernels import triton_verify as tv
-from csd_kernels.bench import make_inputs
+from csd_kernels.backends.triton import verify as tv
+from csd_kernels.bench.op import make_inputs
 
 HBM_BYTES_PER_S = 4.3e12
 

@@ -68,7 +68,7 @@ def digits_wall(images: int, modes: list[str], skip_compile: bool) -> dict:
 
 def _fake_verify():
     """verify's fake implementation for every backend (the meta device runs no kernel)."""
-    from csd_kernels import ops
+    from csd_kernels.ops import verify as ops
 
     return_probs = list(inspect.signature(ops._torch_backend).parameters).index("return_probs")
     fake = lambda *args: ops._fake_outputs(args[0], args[return_probs])  # noqa: E731
@@ -79,7 +79,7 @@ def _fake_verify():
 def meta_host_time(batches: list[int], modes: list[str], iterations: int = 5, layers: int = 30) -> dict:
     """Host ms per iteration of each loop; ``layers`` < 30 cuts the model (a quick run: tests, the GPU check's dry
     run)."""
-    from csd_kernels import ops
+    from csd_kernels.ops import verify as ops
 
     backends = dict(ops._BACKEND_FUNCTIONS)
     try:

@@ -196,7 +196,7 @@ def test_janus_prompt_is_the_sft_format_of_deepseek_janus():
     """The expected strings are what deepseek-ai/Janus' own conversation code (janus/utils/conversation.py,
     template "deepseek", system prompt "") prints for these turns, followed by its image_start_tag."""
     from csd_kernels.models import janus_prompt
-    from csd_kernels.models.janus import JANUS_ROLES
+    from csd_kernels.models.janus.adapter import JANUS_ROLES
 
     tokenizer = _byte_tokenizer(["<|User|>", "<|Assistant|>", "<begin_of_image>"])
     out = janus_prompt(tokenizer, ["A red cube on a table.", "  a cat  "])

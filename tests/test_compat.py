@@ -1,4 +1,4 @@
-"""FlashInfer's and vLLM's conventions (csd_kernels.compat): layout, counts, exact cases, the emitted law, errors.
+"""FlashInfer's and vLLM's conventions (csd_kernels.ops.interop): layout, counts, exact cases, the emitted law, errors.
 
 The χ² tests draw N = 40,000 independent rows over V = 7 tokens and pass when the p-value exceeds 1e-3. Power: a
 law shifted from p by a TVD of 0.01 between two tokens of probability ≈ 0.15 gives a non-centrality N·Σδ²/p ≈ 53 on

@@ -106,7 +106,7 @@ def test_greedy_tokens_match_transformers_in_every_mode(tiny_emu3, negative):
 
 def test_static_loop_and_trees_match_transformers(tiny_emu3):
     """The static loop (per-row cache, the row ends in place) and draft trees (a row end below every node at a row's
-    last grid position, models/row_end_tree.py): transformers' greedy tokens too."""
+    last grid position, models/row_end.py): transformers' greedy tokens too."""
     ids, mask = left_padded(PROMPTS)
     expected = _transformers_greedy(tiny_emu3, ids, mask, torch.tensor([NEGATIVE]))
     adapter = Emu3Adapter(tiny_emu3, GRID, negative_prompt_ids=NEGATIVE)

@@ -15,7 +15,7 @@ from scipy.stats import chisquare  # noqa: E402
 
 import csd_kernels as ck  # noqa: E402
 from csd_kernels import reference as ref  # noqa: E402
-from csd_kernels.dispatch import available_backends  # noqa: E402
+from csd_kernels.ops.registry import available_backends  # noqa: E402
 from csd_kernels.testing import compare, make_case, reference_result  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's inf − inf inside Triton's interpreter
@@ -28,7 +28,7 @@ NINF = float("-inf")
 
 
 def _forced_plan(path: str, vocab: int):
-    from csd_kernels import triton_verify as tv
+    from csd_kernels.backends.triton import verify as tv
 
     if path == "register":
         block = max(16, 1 << (vocab - 1).bit_length())
@@ -42,7 +42,7 @@ def run(backend: str, **kwargs) -> ref.VerifyResult:
     kwargs.setdefault("validate", False)
     if not backend.startswith("triton-"):
         return ck.verify(backend=backend, **kwargs)
-    from csd_kernels import triton_verify as tv
+    from csd_kernels.backends.triton import verify as tv
 
     target = kwargs.get("target_logits") if kwargs.get("target_logits") is not None else kwargs["target_probs"]
     plan = _forced_plan(backend.split("-")[1], target.shape[-1])

@@ -14,11 +14,11 @@ from conftest import JANUS_BOI, JANUS_BOS, LUMINA_KW, build_tiny_llama
 from llamagen_tiny import GPT_CONFIGS, captions, seeded_state_dict
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from csd_kernels import ops
 from csd_kernels.decoding import COUPLINGS, MODES, generate
 from csd_kernels.decoding.static import StaticLoop, static_step
 from csd_kernels.models import ImageGPT, JanusAdapter, LlamaGenAdapter, LuminaMGPT
 from csd_kernels.models.llamagen.gpt import ModelArgs, Transformer
+from csd_kernels.ops import verify as ops
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -273,7 +273,8 @@ def test_triton_launches_under_the_tensors_device_guard(monkeypatch):
     here by Triton's interpreter on CPU tensors, with the guard recorded)."""
     import contextlib
 
-    from csd_kernels import drafts, triton_verify
+    from csd_kernels.backends.triton import drafts
+    from csd_kernels.backends.triton import verify as triton_verify
 
     entered = []
 
@@ -283,8 +284,9 @@ def test_triton_launches_under_the_tensors_device_guard(monkeypatch):
         yield
 
     monkeypatch.setattr(triton_verify, "device_guard", recording_guard)
+    monkeypatch.setattr(drafts, "device_guard", recording_guard)
     seed, offset, positions = torch.tensor([1]), torch.tensor([0]), torch.tensor([0, 3])
-    drafts._triton_draft_tokens(seed, offset, positions, 4, 16)
+    drafts.draft_tokens(seed, offset, positions, 4, 16)
     logits = torch.randn(2, 3, 16)
     ops.verify(logits, torch.full((2, 3), -1), backend="triton")
     assert entered == [torch.device("cpu")] * 2
@@ -408,7 +410,7 @@ def test_meta_host_time_benchmark_runs(monkeypatch):
 
 
 def test_meta_prompts_skip_the_value_checks():
-    from csd_kernels.validation import ArgumentError, check_prompt, check_prompt_ids
+    from csd_kernels.decoding.validation import ArgumentError, check_prompt, check_prompt_ids
 
     ids, mask = torch.zeros(2, 3, dtype=torch.long, device="meta"), torch.ones(2, 3, device="meta")
     assert check_prompt(ids, None, mask) == 2

@@ -23,11 +23,16 @@ import numpy as np
 import torch
 
 from .. import reference as ref
-from ..grouped import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
 from ..models import get_adapter
 from ..models.protocol import is_static_adapter, is_tree_adapter
-from ..tree_ops import device_layout
-from ..validation import (
+from ..ops.verify_tree import device_layout
+from ..reference.gsd import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
+from .eager import run_eager
+from .state import EagerState, StaticState
+from .static import StaticLoop
+from .step import Settings
+from .tree import tree_step
+from .validation import (
     DRAFT_INITS,
     MODES,
     check_backend,
@@ -37,11 +42,6 @@ from ..validation import (
     check_tree,
     row_seeds,
 )
-from .eager import run_eager
-from .state import EagerState, StaticState
-from .static import StaticLoop
-from .step import Settings
-from .tree import tree_step
 
 __all__ = ["MODES", "COUPLINGS", "DEFAULT_COUPLING", "DRAFT_INITS", "GenerateOutput", "generate"]
 

@@ -24,9 +24,9 @@ from typing import Callable, Optional
 import torch
 
 from .. import reference as ref
-from ..drafts import random_draft_tokens
-from ..grouped import grouped_verify
-from ..ops import verify as verify_op
+from ..ops.drafts import random_draft_tokens
+from ..ops.verify import verify as verify_op
+from ..reference.gsd import grouped_verify
 from .state import State
 
 __all__ = ["Settings", "Window", "Drafted", "Verified", "window", "draft", "uniform_probs", "draft_probs", "forward",

@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 
 from .. import reference as ref
-from ..ops import verify as verify_op
-from ..tree_drafts import tree_candidates
-from ..tree_ops import verify_tree
+from ..ops.drafts import tree_candidates
+from ..ops.verify import verify as verify_op
+from ..ops.verify_tree import verify_tree
 from .state import StaticState
 from .step import (
     Drafted,
