@@ -16,10 +16,11 @@ import pytest
 import torch
 
 import csd_kernels as ck
-from csd_kernels import zoo
+from csd_kernels import cli, zoo
 from csd_kernels.bench import op as bench
-from csd_kernels.cli import commands as cli
-from csd_kernels.decoding import validation
+from csd_kernels.cli import commands
+from csd_kernels.cli import parser as cli_parser
+from csd_kernels.decoding import rules, validation
 from csd_kernels.decoding.validation import ArgumentError
 
 # flags that can only be judged with the model (its prompts, its files); every other flag is checked before loading
@@ -192,19 +193,20 @@ def test_cases_cover_every_subcommand_and_the_checked_generate_flags():
     covered = {(c.values if hasattr(c, "values") else c)[0] for c in CASES}
     assert covered == {"generate", "compare", "sweep", "bench", "run"}
     flags = {(c.values if hasattr(c, "values") else c)[2] for c in CASES}
-    for name in cli._GENERATE_OPTIONS + ("num", "seed", "seeds", "batch_size", "num_threads", "image_size", "tree"):
+    for name in cli_parser.GENERATION_FLAGS + ("num", "seed", "seeds", "batch_size", "num_threads", "image_size",
+                                               "tree"):
         assert "--" + name.replace("_", "-") in flags, name
 
 
 @pytest.mark.parametrize("rule, good, bad, expected", [
-    (validation._int(1), [1, 7, np.int64(3)], [0, 2.0, True, "1", None], "an int >= 1"),
-    (validation._int(1, 4, optional=True), [None, 1, 4], [0, 5], "None or an int in [1, 4]"),
-    (validation._real(0, 1), [0, 0.5, 1], [-0.1, 1.1, float("nan"), float("inf"), False], "a finite number in [0, 1]"),
-    (validation._real(0, 1, open_low=True), [1e-9, 1], [0, 1.5], "a finite number in (0, 1]"),  # a top_p
-    (validation._real(0, 1, open_high=True), [0, 0.99], [1, -1], "a finite number in [0, 1)"),  # a min_p
-    (validation._real(), [-3.5, 0, 7], [float("nan"), float("-inf"), "1"], "a finite number"),
-    (validation._bool(), [True, False], [1, 0, "yes", None], "True or False"),  # a static
-    (validation._choice(("a", "b")), ["a", "b"], ["c", None, 1], "one of a, b"),
+    (rules.int_rule(1), [1, 7, np.int64(3)], [0, 2.0, True, "1", None], "an int >= 1"),
+    (rules.int_rule(1, 4, optional=True), [None, 1, 4], [0, 5], "None or an int in [1, 4]"),
+    (rules.real_rule(0, 1), [0, 0.5, 1], [-0.1, 1.1, float("nan"), float("inf"), False], "a finite number in [0, 1]"),
+    (rules.real_rule(0, 1, open_low=True), [1e-9, 1], [0, 1.5], "a finite number in (0, 1]"),  # a top_p
+    (rules.real_rule(0, 1, open_high=True), [0, 0.99], [1, -1], "a finite number in [0, 1)"),  # a min_p
+    (rules.real_rule(), [-3.5, 0, 7], [float("nan"), float("-inf"), "1"], "a finite number"),
+    (rules.bool_rule(), [True, False], [1, 0, "yes", None], "True or False"),  # a static
+    (rules.choice_rule(("a", "b")), ["a", "b"], ["c", None, 1], "one of a, b"),
 ])
 def test_rules_say_what_they_accept(rule, good, bad, expected):
     assert rule.expected == expected
@@ -286,8 +288,6 @@ def test_generate_raises_a_value_error_naming_the_argument_before_any_model_call
 
 def test_the_cli_and_the_api_share_one_rule(digits, monkeypatch, tmp_path):
     """Change one rule and both the API and every command line that takes the setting follow: no second check."""
-    from csd_kernels.decoding import validation
-
     monkeypatch.setitem(validation.RULES, "window", validation.Rule("int", 5))
     with pytest.raises(ArgumentError, match=r"window=4: expected an int >= 5"):
         ck.generate(digits.model, _IDS, window=4)
@@ -335,7 +335,7 @@ def test_a_failed_generate_leaves_the_earlier_run_as_it_was(tmp_path, monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("the model failed")
 
-    monkeypatch.setattr(cli, "generate", broken)
+    monkeypatch.setattr(commands, "generate", broken)
     with pytest.raises(RuntimeError):
         cli.main(["generate", "--prompt", "4", "--quiet", "--num", "1", "--out", str(out)])
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
@@ -359,7 +359,7 @@ def test_run_with_a_bad_flag_leaves_no_folder_and_the_corrected_command_runs(inp
 # help, --version, pil_images; a few real processes
 # ----------------------------------------------------------------------------------------------------------------------
 def _subcommand_actions():
-    parser = cli.build_parser()
+    parser = cli_parser.build_parser()
     (commands,) = [a for a in parser._actions if a.dest == "command"]
     for name, sub in commands.choices.items():
         for action in sub._actions:

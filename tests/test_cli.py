@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 import csd_kernels as ck
-from csd_kernels import zoo
-from csd_kernels.cli import commands as cli
+from csd_kernels import cli, zoo
+from csd_kernels.cli import commands
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +49,9 @@ def test_generate_writes_images_maps_and_stats(tmp_path):
 def test_generate_runs_a_tree(tmp_path, monkeypatch):
     """--tree K,D reaches generate() (in the static loop) and stats.json records it."""
     calls = []
-    real = cli.generate
+    real = commands.generate
     recording = functools.wraps(real)(lambda *args, **kw: calls.append(kw) or real(*args, **kw))  # its signature
-    monkeypatch.setattr(cli, "generate", recording)
+    monkeypatch.setattr(commands, "generate", recording)
     out_dir = tmp_path / "tree"
     assert cli.main(["generate", "--model", "digits", "--prompt", "7", "--mode", "sjd", "--num", "1", "--tree", "2,2",
                      "--out", str(out_dir), "--quiet"]) == 0
@@ -90,7 +90,7 @@ def test_compare_reports_every_run_and_writes_the_side_by_side(tmp_path, capsys)
                      "--out", str(out_dir), "--quiet"]) == 0
     table = capsys.readouterr().out
     report = json.loads((out_dir / "compare.json").read_text())
-    assert list(report["results"]) == [label for label, _, _ in cli.COMPARE_RUNS]
+    assert list(report["results"]) == [label for label, _, _ in commands.COMPARE_RUNS]
     for label in report["results"]:
         assert label in table
     assert report["results"]["ar"]["passes"]["mean"] == 256 and report["results"]["ar"]["speedup"] == 1.0
@@ -103,7 +103,8 @@ def test_compare_png_labels_every_row_with_its_mode(tmp_path):
     for tiles in rows:
         tiles[..., 1] = 200  # green tiles: the labels are grey levels, the gutters white
     path = tmp_path / "compare.png"
-    cli._save_labelled(np.concatenate(rows), 2, str(path), "prompt 7", labels=["ar", "sjd+maximal", "csd"], scale=4)
+    commands._save_labelled(np.concatenate(rows), 2, str(path), "prompt 7", labels=["ar", "sjd+maximal", "csd"],
+                            scale=4)
     image = np.asarray(Image.open(path).convert("RGB")).astype(int)
     top, left = np.argwhere((image[..., 0] == 0) & (image[..., 1] == 200)).min(0)
     text = image.max(-1) < 100

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from csd_kernels import cli, zoo
-from csd_kernels.decoding import MODES, generate
+from csd_kernels.decoding import MODES, GenerationConfig, generate
 from csd_kernels.models import EMU3_DEFAULTS, Emu3Adapter, emu3_grid, emu3_prompt, get_adapter, load_emu3
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -127,7 +127,7 @@ def test_layout_and_pixels(tiny_emu3):
     assert images.dtype == torch.uint8 and images.shape == (2, pixels.shape[2], pixels.shape[3], 3)
     expected = ((pixels.permute(0, 2, 3, 1).clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
     assert torch.equal(images, expected)
-    assert adapter.defaults == EMU3_DEFAULTS == dict(cfg_scale=3.0, top_k=2048, temperature=1.0)
+    assert adapter.defaults == EMU3_DEFAULTS == GenerationConfig(cfg_scale=3.0, top_k=2048, temperature=1.0)
 
 
 def test_grid_and_prompt():

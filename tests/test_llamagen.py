@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import build_tiny_llama
 
-from csd_kernels.decoding import MODES, generate
+from csd_kernels.decoding import MODES, GenerationConfig, generate
 from csd_kernels.models import ImageGPT, LlamaGenAdapter, get_adapter, load_llamagen
 from csd_kernels.models.llamagen import VQDecoder, gpt_args, left_pad_captions, vq_args
 from csd_kernels.models.llamagen.gpt import Transformer
@@ -207,7 +207,7 @@ def test_preset_config_and_defaults(golden, tmp_path):
     assert (t2i.n_layer, t2i.dim, t2i.grid, t2i.cls_token_num) == (36, 1280, 32, 120)
     assert vq_args("VQ-16").downsample == 16 and vq_args("VQ-8").downsample == 8
     adapter = load_llamagen(_weights(golden, "c2i"), tiny.GPT_CONFIGS["c2i"], dtype=torch.bfloat16)
-    assert adapter.defaults == dict(cfg_scale=4.0, top_k=2000, temperature=1.0)  # upstream sample_c2i.py
+    assert adapter.defaults == GenerationConfig(cfg_scale=4.0, top_k=2000, temperature=1.0)  # upstream sample_c2i.py
     assert adapter.model.output.weight.dtype == torch.bfloat16 and adapter.model.rope.dtype == torch.float32
     out = generate(adapter, _prompt("c2i")["input_ids"], mode="sjd", window=4, cfg_scale=2.0, seed=0)
     assert out.tokens.shape == (2, tiny.GRID_C2I**2)

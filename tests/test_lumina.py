@@ -16,7 +16,7 @@ import lumina_tiny as tiny
 import pytest
 import torch
 
-from csd_kernels.decoding import MODES, generate
+from csd_kernels.decoding import MODES, GenerationConfig, generate
 from csd_kernels.models import LUMINA_DEFAULTS, LuminaMGPT, get_adapter, load_lumina_mgpt, lumina_grid, lumina_prompt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -249,7 +249,7 @@ def test_default_grid_and_sampling_defaults(checkpoints, adapters):
     assert adapter.model is adapters["mp1"].model and adapter.grid == (48, 48)
     assert adapter.image_prefix_ids == [8197, 8828, 8828]  # <racm3:break>, <reserved08824> x 2 for 768 px
     assert get_adapter(adapter.model).grid == (48, 48)
-    assert adapter.defaults == LUMINA_DEFAULTS == dict(top_k=2000, cfg_scale=3.0, temperature=1.0)
+    assert adapter.defaults == LUMINA_DEFAULTS == GenerationConfig(top_k=2000, cfg_scale=3.0, temperature=1.0)
     small = LuminaMGPT(adapters["mp1"].model, grid=(4, 6))
     out = generate(small, torch.tensor([_fixture("mp1")["prompts"][0]]), mode="csd", window=5, seed=0,
                    **small.defaults)

@@ -1,5 +1,6 @@
-"""The ``csd`` command (commands.py: its subcommands, flags and outputs)."""
+"""The ``csd`` command: entry.py (main: parse, check, dispatch), parser.py (its subcommands and flags, torch-free),
+commands.py (what each subcommand does)."""
 
-from .commands import main
+from .entry import main
 
 __all__ = ["main"]

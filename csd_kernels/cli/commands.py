@@ -1,4 +1,4 @@
-"""The ``csd`` command (also ``python -m csd_kernels``).
+"""What each subcommand of the ``csd`` command does (its parser: parser.py; main: entry.py).
 
     csd generate --model digits --prompt 7 --mode csd --num 16 --seed 0 --out out/
     csd generate --model llamagen --weights c2i_B_256.pt --config GPT-B --vq vq_ds16_c2i.pt --prompt 207
@@ -12,11 +12,8 @@
 
 from __future__ import annotations
 
-import argparse
-import inspect
 import json
 import os
-import sys
 import time
 from typing import Optional
 
@@ -25,27 +22,18 @@ import torch
 
 from .. import __version__, zoo
 from ..bench.frontier import summarise
-from ..decoding import COUPLINGS, DEFAULT_COUPLING, DRAFT_INITS, MODES, generate
-from ..decoding.validation import (
-    RULES,
-    ArgumentError,
-    check,
-    check_backend,
-    check_device,
-    check_generate,
-    check_tree,
-    row_seeds,
-)
-from ..ops.registry import BACKENDS, select_backend
+from ..decoding import DEFAULT_COUPLING, GenerationConfig, generate
+from ..decoding.validation import check, check_backend, check_device, check_generate, check_tree, row_seeds
+from ..ops.registry import select_backend
 from ..runner.usage import (
     UsageError,
     as_flags,
     check_out,
     claim_generate_dir,
     clear_generate_files,
-    flag_error,
     writable_dir,
 )
+from .parser import GENERATION_FLAGS
 
 # The rows of `csd compare`: (label, mode, coupling).
 COMPARE_RUNS = [
@@ -58,13 +46,7 @@ COMPARE_RUNS = [
     ("csd+maximal", "csd", "maximal"),
     ("csd+gumbel", "csd", "gumbel"),
 ]
-_CLI_EXTRAS = ("transformers", "safetensors", "tqdm", "PIL", "matplotlib", "sklearn")  # setup.py's [cli] extra
 _MODEL_OPTIONS = ("weights", "config", "vq", "image_size", "size", "dtype")  # zoo.load keywords, one flag each
-# generate() keywords taken from the command line; unset ones fall back to the model's defaults
-_GENERATE_OPTIONS = ("window", "cfg_scale", "temperature", "top_k", "top_p", "min_p", "entropy_coef", "tvd_threshold",
-                     "draft_init", "backend")
-# generate() keywords that are no setting of a run (the inputs, and what does not change the images)
-_NOT_SETTINGS = ("prompt_embeds", "attention_mask", "mode", "seed", "progress", "sync_timings")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -89,24 +71,18 @@ def _device(args) -> torch.device:
 
 
 def _check_flags(args) -> None:
-    """The flags of a sampling command, checked by the API's own rules before any model is loaded or file written."""
-    given = {name: getattr(args, name, None) for name in _GENERATE_OPTIONS}
-    backend = given.pop("backend")
-    check_generate(getattr(args, "mode", "csd"), getattr(args, "coupling", None),
-                   **{name: value for name, value in given.items() if value is not None})
+    """The flags of a sampling command that need torch, checked before any model is loaded or file written (the
+    others: parser.check_flags)."""
     tree = getattr(args, "tree", None)
     if tree is not None:  # (csd generate) the window fit again in generate(), with the model's default window
-        check_tree(tree, args.mode, given["window"] or _GENERATE_DEFAULTS["window"], args.coupling, static=True)
-    check("num", args.num)
-    check("image_size", args.image_size)
-    check_backend(backend, _device(args))
+        check_tree(tree, args.mode, args.window or GenerationConfig().window, args.coupling, static=True)
+    check_backend(args.backend, _device(args))
 
 
 def _settings_used(kwargs: dict, mode: str, coupling, device) -> dict:
-    """Every generate() setting of a run, defaults filled in: generate()'s < the model's < the flags."""
-    params = inspect.signature(generate).parameters
-    settings = {name: p.default for name, p in params.items() if p.kind is p.KEYWORD_ONLY and name not in _NOT_SETTINGS}
-    settings.update(kwargs)
+    """Every setting of a run stats.json records (GenerationConfig's fields with recorded=True), defaults filled in:
+    GenerationConfig's < the model's < the flags."""
+    settings = GenerationConfig(**kwargs).as_dict(GenerationConfig.names(recorded=True))
     settings["coupling"] = check_generate(mode, coupling) or DEFAULT_COUPLING
     settings["backend"] = settings["backend"] or select_backend(None, torch.device(device))
     return settings
@@ -120,12 +96,10 @@ def _prompt_inputs(entry, prompt: str, num: int) -> dict:
 
 
 def _generate_kwargs(args, entry) -> dict:
-    kwargs = dict(entry.defaults)
-    for name in _GENERATE_OPTIONS:
-        value = getattr(args, name, None)
-        if value is not None:
-            kwargs[name] = value
-    return kwargs
+    """The model's defaults with the generation flags given: generate() keywords (those that differ from the
+    defaults)."""
+    given = {name: getattr(args, name) for name in GENERATION_FLAGS if getattr(args, name, None) is not None}
+    return dict(entry.defaults.replace(**given))
 
 
 def _save_png(array: np.ndarray, path: str, scale: int = 1) -> None:
@@ -207,7 +181,7 @@ def _save_maps(out, path: str, columns: int, title: str) -> None:
 # ----------------------------------------------------------------------------------------------------------------------
 def cmd_generate(args) -> dict:
     _check_flags(args)
-    row_seeds(check("seed", args.seed), args.num)
+    row_seeds(args.seed, args.num)
     claim_generate_dir(args.out)
     entry = _load(args)
     inputs = _prompt_inputs(entry, args.prompt, args.num)
@@ -314,7 +288,6 @@ def format_compare(results: dict) -> str:
 
 def cmd_compare(args) -> dict:
     _check_flags(args)
-    check("seeds", args.seeds)
     check_out(args.out)
     entry = _load(args)
     _prompt_inputs(entry, args.prompt, 1)  # a bad prompt fails before any work
@@ -384,7 +357,7 @@ def _trees(text: str) -> tuple:
         except ValueError:
             raise UsageError(f"--trees: expected comma-separated KxD (e.g. 2x2,3x2) or none, got {text!r}") from None
         with as_flags(tree="--trees"):
-            trees.append(check_tree((branching, depth), "sjd", _GENERATE_DEFAULTS["window"], "maximal", static=True))
+            trees.append(check_tree((branching, depth), "sjd", GenerationConfig().window, "maximal", static=True))
     return tuple(trees)
 
 
@@ -401,12 +374,9 @@ def cmd_sweep(args) -> dict:
     with as_flags(coupling="--couplings"):
         for coupling in couplings:
             check("coupling", coupling)
-    check("per_class", args.per_class)
     if args.per_class > zoo.digits_heldout_per_class():  # the held-out ceiling is measured on as many images
         raise UsageError(f"--per-class {args.per_class}: expected an int in [1, {zoo.digits_heldout_per_class()}] "
                          "(held-out digits of the rarest class)")
-    check("seeds", args.seeds)
-    check("workers", args.workers)
     grid = frontier.settings(_floats(args.lambdas, "--lambdas", "entropy_coef"),
                              _floats(args.taus, "--taus", "tvd_threshold"), couplings, _trees(args.trees))
     check_out(os.path.dirname(args.out) or ".")
@@ -422,193 +392,7 @@ def cmd_sweep(args) -> dict:
 def cmd_run(args) -> Optional[dict]:
     from ..runner import run
 
-    check("image_size", args.image_size)
-
-    generate_kwargs = {name: getattr(args, name, None) for name in _GENERATE_OPTIONS}
+    generate_kwargs = {name: getattr(args, name, None) for name in GENERATION_FLAGS}
     return run(args.model, args.prompts, args.modes, args.out, seed=args.seed, batch_size=args.batch_size,
                coupling=args.coupling, generate_kwargs=generate_kwargs, quiet=args.quiet,
                num_threads=args.num_threads, model_options=model_options(args), tree=args.tree)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# argument parsing
-# ----------------------------------------------------------------------------------------------------------------------
-def _help(name: str, text: str, default) -> str:
-    """Help of a checked flag: what it is, the accepted values (validation.RULES) and the default."""
-    return f"{text}; {RULES[name].expected.removeprefix('None or ')} (default: {default})".replace("%", "%%")
-
-
-def add_model_options(parser: argparse.ArgumentParser, device: bool = True) -> None:
-    """--model and the local checkpoint it runs (see csd_kernels.zoo.checkpoints)."""
-    parser.add_argument("--model", default="digits", help=f"one of {', '.join(zoo.MODEL_NAMES)} (default: digits)")
-    parser.add_argument("--weights", help="llamagen: the GPT .pt; lumina-mgpt, janus-pro, emu3: the checkpoint folder "
-                                          "(default: none; digits ships its weights)")
-    parser.add_argument("--config", help="llamagen: the upstream model name (GPT-B, GPT-L, GPT-XL, ...) or a JSON file "
-                                         "of its ModelArgs fields (default: none)")
-    parser.add_argument("--vq", help="llamagen: the VQ checkpoint (vq_ds16_c2i.pt), for pixels (default: none, "
-                                     "tokens only)")
-    parser.add_argument("--image-size", dest="image_size", type=int,
-                        help=_help("image_size", "llamagen: the checkpoint's resolution in pixels",
-                                   "read from a _256/_384 in its name"))
-    parser.add_argument("--size", help="lumina-mgpt: image size in pixels, 768 or WIDTHxHEIGHT (default: 768); "
-                                       "emu3: the same, multiples of 8 (default: 720)")
-    parser.add_argument("--dtype", help="bfloat16 / float16 / float32 (default: bfloat16 on a GPU, float32 on a CPU)")
-    if device:
-        parser.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU when one is visible, else cpu)")
-
-
-_GENERATE_DEFAULTS = {name: p.default for name, p in inspect.signature(generate).parameters.items()}
-
-
-def add_generation_options(parser: argparse.ArgumentParser) -> None:
-    """The generate() settings every command takes; unset ones fall back to the model's defaults."""
-    model = lambda name: f"the model's, else {_GENERATE_DEFAULTS[name]}"  # noqa: E731
-    parser.add_argument("--window", type=int, help=_help("window", "Jacobi window: tokens drafted per pass",
-                                                         model("window")))
-    parser.add_argument("--cfg-scale", dest="cfg_scale", type=float,
-                        help=_help("cfg_scale", "classifier-free guidance scale (1: no guidance)", model("cfg_scale")))
-    parser.add_argument("--temperature", type=float, help=_help("temperature", "sampling temperature (0: greedy)",
-                                                                model("temperature")))
-    parser.add_argument("--top-k", dest="top_k", type=int,
-                        help=_help("top_k", "sample from the k most likely tokens", "the model's, else all"))
-    parser.add_argument("--top-p", dest="top_p", type=float,
-                        help=_help("top_p", "nucleus sampling: the smallest set of most likely tokens holding this "
-                                   "much probability", "off"))
-    parser.add_argument("--min-p", dest="min_p", type=float,
-                        help=_help("min_p", "keep tokens with p >= min_p * max p", "off"))
-    parser.add_argument("--entropy-coef", dest="entropy_coef", type=float,
-                        help=_help("entropy_coef", "CSD λ: acceptance bonus per nat of entropy", model("entropy_coef")))
-    parser.add_argument("--tvd-threshold", dest="tvd_threshold", type=float,
-                        help=_help("tvd_threshold", "CSD τ: the bonus applies where TVD(p, q) < τ",
-                                   model("tvd_threshold")))
-    parser.add_argument("--draft-init", dest="draft_init", choices=DRAFT_INITS,
-                        help=f"fresh drafts: uniform, or the token above (default: {_GENERATE_DEFAULTS['draft_init']})")
-    parser.add_argument("--backend", help=_help("backend", "verify backend; it must run on the device",
-                                                "the best available"))
-
-
-def _tree_flag(text: str) -> tuple:
-    """--tree K,D -> (K, D) ints; their bounds and what they go with: validation.check_tree."""
-    try:
-        branching, depth = (int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected K,D: two ints, e.g. 3,2 (got {text!r})") from None
-    return branching, depth
-
-
-def _add_sampling(parser: argparse.ArgumentParser, num: int) -> None:
-    add_model_options(parser)
-    parser.add_argument("--prompt", required=True, help="the prompt (digits, llamagen: a class id; others: text)")
-    parser.add_argument("--num", type=int, default=num, help=_help("num", "images per run", num))
-    add_generation_options(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress bar (default: shown)")
-
-
-class _Parser(argparse.ArgumentParser):
-    """An unparsable command line is one line too (argparse would print the usage first), exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="csd", description="Content-aware speculative decoding of AR image models.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    gen = commands.add_parser("generate", help="generate images, write PNGs, maps and stats.json")
-    _add_sampling(gen, num=16)
-    gen.add_argument("--mode", default="csd", choices=MODES, help="decoding mode (default: csd)")
-    gen.add_argument("--coupling", choices=sorted(COUPLINGS),
-                     help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING}; other modes: independent)")
-    gen.add_argument("--seed", type=int, default=0, help=_help("seed", "seed of image 0 (image b: seed + b)", 0))
-    gen.add_argument("--tree", type=_tree_flag, metavar="K,D",
-                     help="a lossless draft tree in every window (docs/trees.md): K candidates per position at the "
-                          "first D positions, e.g. 3,2; K, D >= 1, (K^D - 1)/(K - 1) < the window; --mode sjd, "
-                          "--coupling maximal (default: none, a chain)")
-    gen.add_argument("--out", default="out", help="output folder: csd generate replaces the images of its earlier "
-                                                  "runs there and refuses a folder with other files (default: out)")
-    gen.set_defaults(handler=cmd_generate)
-
-    cmp = commands.add_parser("compare", help="ar, sjd, gsd and csd on the same prompts and seeds: speed and quality")
-    _add_sampling(cmp, num=64)
-    cmp.add_argument("--seeds", type=int, default=3, help=_help("seeds", "repeats with different seeds, for the "
-                                                                         "spread", 3))
-    cmp.add_argument("--out", default="out/compare", help="output folder (default: out/compare)")
-    cmp.set_defaults(handler=cmd_compare)
-
-    bench = commands.add_parser("bench", help="microbenchmarks of the verify op on every available backend")
-    bench.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when a GPU is visible, else cpu)")
-    bench.add_argument("--backends", nargs="*", help=f"any of {', '.join(BACKENDS)} that run on the device "
-                                                     "(default: every available backend, not Triton's interpreter)")
-    bench.add_argument("--quick", action="store_true", help="two shapes instead of six (default: six)")
-    bench.add_argument("--out", default="benchmarks/results", help="output folder (default: benchmarks/results)")
-    bench.set_defaults(handler=cmd_bench)
-
-    sweep = commands.add_parser("sweep", help="the speed-quality frontier: every mode, csd over a grid of lambda x tau "
-                                              "x coupling, mean and spread over seeds (JSON, CSV, plot)")
-    sweep.add_argument("--model", default="digits", help="a zoo model with a quality measure (default: digits)")
-    sweep.add_argument("--per-class", dest="per_class", type=int, default=8,
-                       help=_help("per_class", "images per class per seed", 8))
-    sweep.add_argument("--seeds", type=int, default=3, help=_help("seeds", "seeds 0..N-1", 3))
-    sweep.add_argument("--lambdas", default="0,0.05,0.1,0.25,0.5,1",
-                       help="csd entropy_coef values, each >= 0 (default: 0,0.05,0.1,0.25,0.5,1)")
-    sweep.add_argument("--taus", default="0.3,0.65,1", help="csd tvd_threshold values, each in [0, 1] "
-                                                           "(default: 0.3,0.65,1)")
-    sweep.add_argument("--couplings", default="independent,maximal",
-                       help=f"csd couplings, any of {', '.join(COUPLINGS)} (default: independent,maximal)")
-    sweep.add_argument("--trees", default="2x2,3x2", help="draft trees KxD of the sjd+maximal+tree settings, "
-                       "comma-separated, or none (default: 2x2,3x2)")
-    sweep.add_argument("--workers", type=int, default=2, help=_help("workers", "processes, one torch thread each", 2))
-    sweep.add_argument("--out", default="out/sweep/frontier",
-                       help="path prefix of the .json, .csv and .png (default: out/sweep/frontier)")
-    sweep.set_defaults(handler=cmd_sweep)
-
-    run = commands.add_parser("run", help="sharded, resumable generation of a prompts file over modes "
-                                          "(torchrun --nproc-per-node N -m csd_kernels run ...)")
-    _add_run_arguments(run)
-    run.set_defaults(handler=cmd_run)
-    return parser
-
-
-def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_options(parser, device=False)  # each rank runs on its own device
-    parser.add_argument("--prompts", required=True, help="prompts file: one prompt per line (digits: a class id 0..9)")
-    parser.add_argument("--modes", default="ar,sjd,csd", help=f"comma-separated modes, any of {', '.join(MODES)} "
-                                                              "(default: ar,sjd,csd)")
-    parser.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
-    parser.add_argument("--seed", type=int, default=0, help=_help("seed", "global seed", 0))
-    parser.add_argument("--batch-size", dest="batch_size", type=int, default=16,
-                        help=_help("batch_size", "images per generate() call on each rank (does not change the "
-                                                 "images)", 16))
-    parser.add_argument("--coupling", choices=sorted(COUPLINGS),
-                        help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING})")
-    parser.add_argument("--tree", type=_tree_flag, metavar="K,D",
-                        help="a lossless draft tree for the run's sjd items (docs/trees.md), e.g. 3,2; --modes must "
-                             "hold sjd (default: none, a chain)")
-    add_generation_options(parser)
-    parser.add_argument("--num-threads", dest="num_threads", type=int,
-                        help=_help("num_threads", "torch threads per process", "CPU cores / processes on this node"))
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or table (default: shown)")
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        args.handler(args)
-    except (UsageError, ArgumentError) as exc:  # the API's ArgumentError names a keyword: say the flag
-        exc = flag_error(exc) if isinstance(exc, ArgumentError) else exc
-        print(f"csd {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line
-        return 2
-    except ModuleNotFoundError as exc:
-        if exc.name not in _CLI_EXTRAS:
-            raise
-        print(f"csd {args.command}: error: {exc.name} is not installed; the csd command needs the [cli] extra: "
-              "pip install 'csd-kernels[cli]'", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

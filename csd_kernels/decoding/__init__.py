@@ -1,7 +1,12 @@
 """The Jacobi decoding loop: :func:`generate` (generate.py) runs one iteration (step.py: window, draft, q, forward,
-verify, commit) on one of three schedules (eager.py, static.py, tree.py) over the per-row state
-(state.py); validation.py checks every setting (the API's and the command line's one rule each)."""
+verify, commit) on one of three schedules (eager.py, static.py, tree.py) over the per-row state (state.py);
+config.py holds every setting once (:class:`GenerationConfig`, torch-free), validation.py checks the inputs.
 
-from .generate import COUPLINGS, DEFAULT_COUPLING, DRAFT_INITS, MODES, GenerateOutput, generate
+Importing this package imports no torch: generate and GenerateOutput load generate.py on first use."""
 
-__all__ = ["COUPLINGS", "DEFAULT_COUPLING", "DRAFT_INITS", "MODES", "GenerateOutput", "generate"]
+from .._lazy import lazy_package
+from ..constants import COUPLINGS
+from .config import DEFAULT_COUPLING, DRAFT_INITS, MODES, GenerationConfig
+
+__all__ = ["COUPLINGS", "DEFAULT_COUPLING", "DRAFT_INITS", "MODES", "GenerateOutput", "GenerationConfig", "generate"]
+lazy_package(__name__, {"GenerateOutput": ".generate", "generate": ".generate"})

@@ -17,36 +17,26 @@ import contextlib
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Optional
 
 import numpy as np
 import torch
 
 from .. import reference as ref
+from ..constants import COUPLINGS
 from ..models import get_adapter
 from ..models.protocol import is_static_adapter, is_tree_adapter
 from ..ops.verify_tree import device_layout
-from ..reference.gsd import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
+from .config import DEFAULT_COUPLING, DRAFT_INITS, MODES, GenerationConfig, check_generate
 from .eager import run_eager
 from .state import EagerState, StaticState
 from .static import StaticLoop
 from .step import Settings
 from .tree import tree_step
-from .validation import (
-    DRAFT_INITS,
-    MODES,
-    check_backend,
-    check_generate,
-    check_prompt,
-    check_prompt_ids,
-    check_tree,
-    row_seeds,
-)
+from .validation import check_backend, check_prompt, check_prompt_ids, check_tree, row_seeds
 
-__all__ = ["MODES", "COUPLINGS", "DEFAULT_COUPLING", "DRAFT_INITS", "GenerateOutput", "generate"]
+__all__ = ["MODES", "COUPLINGS", "DEFAULT_COUPLING", "DRAFT_INITS", "GenerateOutput", "GenerationConfig", "generate"]
 
-COUPLINGS = ref.COUPLINGS  # how sjd / csd draw the next drafts; ar, jd and gsd draw them independently
-DEFAULT_COUPLING = "maximal"  # lossless-tested like the others, and the fewest passes (docs/decoding.md)
 DEFAULT_MAX_LEAD_FACTOR = 1  # max_lead=None means one window (the trade-off: docs/measurements.md)
 
 
@@ -89,28 +79,8 @@ def generate(
     *,
     prompt_embeds: Optional[torch.Tensor] = None,
     attention_mask: Optional[torch.Tensor] = None,
-    mode: str = "csd",
-    window: int = 16,
-    cfg_scale: float = 5.0,
-    temperature: float = 1.0,
-    top_k: Optional[int] = None,
-    top_p: Optional[float] = None,
-    min_p: Optional[float] = None,
-    entropy_coef: float = 0.5,
-    tvd_threshold: float = 0.65,
-    draft_init: str = "uniform",
-    coupling: Optional[str] = None,
-    seed: Union[int, Sequence[int], torch.Tensor] = 0,
-    progress: bool = False,
-    backend: Optional[str] = None,
-    group_rank: int = DEFAULT_GROUP_RANK,
-    group_delta: float = DEFAULT_GROUP_DELTA,
-    sync_timings: bool = False,
-    max_lead: Optional[int] = None,
-    static: Optional[bool] = None,
-    cuda_graph: Optional[bool] = None,
-    compile: bool = False,
-    tree: Optional[tuple] = None,
+    config: Optional[GenerationConfig] = None,
+    **overrides,
 ) -> GenerateOutput:
     """Generate images with speculative Jacobi decoding (see the module docstring).
 
@@ -118,44 +88,43 @@ def generate(
     adapter (csd_kernels.models.load_llamagen), an ImageGPT-wrapped causal LM, or any csd_kernels.models.ImageAdapter.
     input_ids [B, S] (left-padded with attention_mask when prompts differ in length), or instead prompt_embeds
     [B, S, C] for adapters that take embedded prompts (they implement ``prefill_embeds``, e.g. LlamaGen t2i caption
-    features). seed: int s (row b gets s + b) or B per-row seeds. cfg_scale = 1 runs no unconditional rows.
-    coupling: the next drafts of sjd / csd, one of COUPLINGS (None: DEFAULT_COUPLING). group_rank / group_delta: the
-    GSD group (k, δ). sync_timings: on CUDA, synchronise around the timed phases (otherwise asynchronous model work is
-    attributed to verify, where the loop waits for accept_len). max_lead: rows more than max_lead committed tokens
-    ahead of the slowest row pause (None = one window); the tokens do not depend on it, only the pass counts do.
-    static: the fixed-shape iteration on a per-row static KV cache, no host sync inside (same tokens and passes
-    at B = 1; every row its own window, so max_lead does not apply); None: static with a tree, eager without.
-    cuda_graph (static only; None = on for CUDA): capture one iteration in a CUDA graph and replay it. compile
-    (static only): the iteration under torch.compile(fullgraph=True). tree (K, D): a draft tree in every window
-    (mode sjd or csd, the static loop, the maximal coupling; docs/trees.md): K candidates per position at the first
-    D positions, verified by recursive rejection sampling; lossless with sjd, each token with chain csd's law with
-    csd.
+    features). config: the settings (None: GenerationConfig()'s defaults; a family's: ``model.defaults``); keywords
+    override its fields, e.g. ``generate(model, ids, config=model.defaults, window=32)``. What each setting means:
+    :class:`~.config.GenerationConfig` and docs/decoding.md. seed: int s (row b gets s + b) or B per-row seeds.
+    cfg_scale = 1 runs no unconditional rows. coupling: the next drafts of sjd / csd, one of COUPLINGS (None:
+    DEFAULT_COUPLING). max_lead: rows more than max_lead committed tokens ahead of the slowest row pause (None = one
+    window); the tokens do not depend on it, only the pass counts do. static: the fixed-shape iteration on a per-row
+    static KV cache, no host sync inside (same tokens and passes at B = 1; every row its own window, so max_lead
+    does not apply); None: static with a tree, eager without. cuda_graph (static only; None = on for CUDA): capture
+    one iteration in a CUDA graph and replay it. tree (K, D): a draft tree in every window (mode sjd or csd, the
+    static loop, the maximal coupling; docs/trees.md): K candidates per position at the first D positions, verified
+    by recursive rejection sampling; lossless with sjd, each token with chain csd's law with csd.
     """
     batch = check_prompt(input_ids, prompt_embeds, attention_mask)
-    coupling = check_generate(mode, coupling, window=window, cfg_scale=cfg_scale, temperature=temperature,
-                              top_k=top_k, top_p=top_p, min_p=min_p, entropy_coef=entropy_coef,
-                              tvd_threshold=tvd_threshold, draft_init=draft_init, group_rank=group_rank,
-                              group_delta=group_delta, max_lead=max_lead)
-    tree = check_tree(tree, mode, window, coupling, static)
-    static = tree is not None if static is None else static
+    cfg = _config(config, overrides)
+    coupling = check_generate(cfg.mode, cfg.coupling)
+    tree = check_tree(cfg.tree, cfg.mode, cfg.window, coupling, cfg.static)
+    static = tree is not None if cfg.static is None else cfg.static
     coupling = coupling or DEFAULT_COUPLING
-    seeds = row_seeds(seed, batch)
+    seeds = row_seeds(cfg.seed, batch)
     adapter = get_adapter(model)
-    cuda_graph = _check_static(adapter, static, cuda_graph, compile, max_lead)
+    cuda_graph = _check_static(adapter, static, cfg.cuda_graph, cfg.compile, cfg.max_lead)
     if tree is not None and not is_tree_adapter(adapter):
         raise ValueError(f"tree={tree}: {type(adapter).__name__} does not run draft trees (the adapter "
                          "protocol's forward_tree(), keep_path() and supports_tree; docs/trees.md)")
     device = adapter.device
-    check_backend(backend, device)
+    check_backend(cfg.backend, device)
     check_prompt_ids(input_ids, getattr(adapter, "prompt_vocab_size", None))
     total = adapter.grid[0] * adapter.grid[1]
-    window = 1 if mode == "ar" else (window if tree else min(window, total))  # a tree may run past the grid
-    run = Settings(mode, window, total, adapter.grid[1], adapter.vocab_size, cfg_scale, temperature, top_k,
-                   entropy_coef, tvd_threshold, draft_init, coupling, backend, group_rank, group_delta,
-                   seeds.to(device), temperature > 0 and mode in ("sjd", "csd", "gsd"), top_p=top_p, min_p=min_p,
+    mode = cfg.mode
+    window = 1 if mode == "ar" else (cfg.window if tree else min(cfg.window, total))  # a tree may run past the grid
+    need_q = cfg.temperature > 0 and mode in ("sjd", "csd", "gsd")
+    run = Settings(mode, window, total, adapter.grid[1], adapter.vocab_size, cfg.cfg_scale, cfg.temperature,
+                   cfg.top_k, cfg.entropy_coef, cfg.tvd_threshold, cfg.draft_init, coupling, cfg.backend,
+                   cfg.group_rank, cfg.group_delta, seeds.to(device), need_q, top_p=cfg.top_p, min_p=cfg.min_p,
                    tree=tree)
-    lead = DEFAULT_MAX_LEAD_FACTOR * window if max_lead is None else max_lead
-    clock = Clock(device, sync_timings)
+    lead = DEFAULT_MAX_LEAD_FACTOR * window if cfg.max_lead is None else cfg.max_lead
+    clock = Clock(device, cfg.sync_timings)
     if static:
         if tree is None:
             adapter.static_cache(window)
@@ -163,10 +132,10 @@ def generate(
             adapter.static_cache(window, tree=ref.tree_layout(*tree, window))
 
     with clock.phase("model"):
-        prefill_passes = _prefill(adapter, input_ids, prompt_embeds, attention_mask, cfg_scale != 1.0)
-    bar = _progress_bar(progress, total, mode)
+        prefill_passes = _prefill(adapter, input_ids, prompt_embeds, attention_mask, cfg.cfg_scale != 1.0)
+    bar = _progress_bar(cfg.progress, total, mode)
     if static:
-        tokens, maps, accepted = _run_static(adapter, run, batch, clock, bar, cuda_graph, compile)
+        tokens, maps, accepted = _run_static(adapter, run, batch, clock, bar, cuda_graph, cfg.compile)
     else:
         state = EagerState.empty(batch, total, window, run.vocab, run.need_q, device)
         run_eager(adapter, run, state, lead, clock, bar)
@@ -176,6 +145,13 @@ def generate(
     with clock.phase("decode"):
         images = adapter.decode(tokens)
     return _output(tokens, maps, accepted, adapter, images, prefill_passes, clock, batch)
+
+
+def _config(config: Optional[GenerationConfig], overrides: dict) -> GenerationConfig:
+    """``config`` (None: the defaults) with ``overrides``; TypeError naming an unknown keyword."""
+    if config is not None and not isinstance(config, GenerationConfig):
+        raise TypeError(f"config: expected a csd_kernels.GenerationConfig or None, got a {type(config).__name__}")
+    return (config or GenerationConfig()).replace(**overrides)
 
 
 def _run_static(adapter, run: Settings, batch: int, clock: "Clock", bar, cuda_graph: bool, compile: bool) -> tuple:

@@ -1,172 +1,28 @@
-"""One check of every setting :func:`csd_kernels.generate` and the ``csd`` command take.
+"""The checks of :func:`csd_kernels.generate`'s inputs that need torch, and re-exports of the torch-free ones.
 
-A bad value raises :class:`ArgumentError`, a ValueError naming the keyword (``window=0: expected an int >= 1``). The
-API calls these functions first thing; the command line calls the same ones on its flags before it loads a model or
-writes a file, and prints the error as one line naming the flag (``--window 0: expected an int >= 1``, exit status 2;
-:mod:`csd_kernels.runner.usage`). A new setting is one line in :data:`RULES`.
+A setting's rule is its :class:`~.config.GenerationConfig` field's (:data:`~.config.RULES`, checked when a config is
+made); a bad value raises :class:`ArgumentError`, a ValueError naming the keyword (``window=0: expected an int >=
+1``). The API calls these first thing; the command line checks its flags by the same rules before it imports torch,
+and prints the error as one line naming the flag (``--window 0: expected an int >= 1``, exit status 2;
+:mod:`csd_kernels.runner.usage`). Here: the prompts, the seeds per row, the draft tree, the device and whether a
+backend runs on it.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
-import warnings
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from .. import reference as ref
-from ..ops.registry import BACKENDS, backend_status
+from ..ops.registry import backend_status
+from .config import DRAFT_INITS, MAX_IMAGES, MAX_SEED, MODES, RULES, check, check_generate, check_settings
+from .rules import ArgumentError, Rule, Text
 
-__all__ = ["ArgumentError", "Rule", "RULES", "MODES", "DRAFT_INITS", "MAX_IMAGES", "TREE_MODES", "check",
+__all__ = ["ArgumentError", "Rule", "RULES", "MODES", "DRAFT_INITS", "MAX_IMAGES", "MAX_SEED", "TREE_MODES", "check",
            "check_settings", "check_generate", "check_tree", "row_seeds", "check_prompt", "check_prompt_ids",
            "check_device", "check_backend"]
-
-MODES = ("ar", "jd", "sjd", "gsd", "csd")
-DRAFT_INITS = ("uniform", "above")
-MAX_IMAGES = 1024  # images the command line generates in one generate() call (--num, --batch-size)
-MAX_SEED = (1 << 63) - 1  # seeds are int64 on the device (verify takes [0, 2^64); generate adds the row index)
-
-
-class _Text(str):
-    """A description shown as is in an error (not quoted like a string value)."""
-
-    __repr__ = str.__str__
-
-
-class ArgumentError(ValueError):
-    """A bad argument: ``name`` (the keyword), the ``value`` given and what was ``expected``."""
-
-    def __init__(self, name: str, value, expected: str):
-        self.name, self.value, self.expected = name, value, expected
-        super().__init__(f"{name}={value!r}: expected {expected}")
-
-
-@dataclass(frozen=True)
-class Rule:
-    """An int, a finite number, a bool or one of ``choices``; bounds inclusive unless ``open_low``/``open_high``."""
-
-    kind: str  # "int", "real", "bool" or "choice"
-    low: float = -math.inf
-    high: float = math.inf
-    open_low: bool = False
-    open_high: bool = False
-    choices: tuple = ()
-    optional: bool = False  # None allowed (the default applies)
-
-    @property
-    def expected(self) -> str:
-        if self.kind == "choice":
-            text = f"one of {', '.join(map(str, self.choices))}"
-        elif self.kind == "bool":
-            text = "True or False"
-        else:
-            text = "an int" if self.kind == "int" else "a finite number"
-            low, high = (f"{b:g}" if isinstance(b, float) else str(b) for b in (self.low, self.high))
-            if self.low > -math.inf and self.high < math.inf:
-                text += f" in {'(' if self.open_low else '['}{low}, {high}{')' if self.open_high else ']'}"
-            elif self.low > -math.inf:
-                text += f" {'>' if self.open_low else '>='} {low}"
-            elif self.high < math.inf:
-                text += f" {'<' if self.open_high else '<='} {high}"
-        return f"None or {text}" if self.optional else text
-
-    def check(self, name: str, value):
-        """``value`` as the rule's type (int / float / as given); ArgumentError naming ``name`` when it breaks it."""
-        if value is None and self.optional:
-            return None
-        if self.kind == "choice":
-            if isinstance(value, str) and value in self.choices:
-                return value
-            raise ArgumentError(name, value, self.expected)
-        if self.kind == "bool":
-            if isinstance(value, bool):
-                return value
-            raise ArgumentError(name, value, self.expected)
-        integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-        real = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        if not (integral if self.kind == "int" else real) or not math.isfinite(value) or not self._inside(value):
-            raise ArgumentError(name, value, self.expected)
-        return int(value) if self.kind == "int" else float(value)
-
-    def _inside(self, value) -> bool:
-        above = value > self.low if self.open_low else value >= self.low
-        below = value < self.high if self.open_high else value <= self.high
-        return above and below
-
-
-def _int(low=-math.inf, high=math.inf, optional=False) -> Rule:
-    return Rule("int", low, high, optional=optional)
-
-
-def _real(low=-math.inf, high=math.inf, open_low=False, open_high=False, optional=False) -> Rule:
-    return Rule("real", low, high, open_low, open_high, optional=optional)
-
-
-def _bool(optional=False) -> Rule:
-    return Rule("bool", optional=optional)
-
-
-def _choice(choices, optional=False) -> Rule:
-    return Rule("choice", choices=tuple(choices), optional=optional)
-
-
-# Every checked setting, by keyword (the command line's flag is the keyword with dashes: cfg_scale -> --cfg-scale).
-RULES: dict[str, Rule] = {
-    # generate()
-    "mode": _choice(MODES),
-    "window": _int(1),
-    "cfg_scale": _real(),
-    "temperature": _real(0),
-    "top_k": _int(1, optional=True),
-    "top_p": _real(0, 1, open_low=True, optional=True),
-    "min_p": _real(0, 1, optional=True),
-    "entropy_coef": _real(0),
-    "tvd_threshold": _real(0, 1),
-    "draft_init": _choice(DRAFT_INITS),
-    "coupling": _choice(ref.COUPLINGS, optional=True),
-    "backend": _choice(BACKENDS, optional=True),
-    "group_rank": _int(1),
-    "group_delta": _real(0),
-    "max_lead": _int(0, optional=True),
-    "seed": _int(0, MAX_SEED),
-    # the command line
-    "num": _int(1, MAX_IMAGES),
-    "batch_size": _int(1, MAX_IMAGES),
-    "seeds": _int(1, 1000),
-    "per_class": _int(1, 1000),
-    "workers": _int(1, 256),
-    "num_threads": _int(1, 4096, optional=True),
-    "image_size": _int(1, 65536, optional=True),
-}
-
-
-def check(name: str, value):
-    """``value`` checked by ``RULES[name]`` (and converted to its type)."""
-    return RULES[name].check(name, value)
-
-
-def check_settings(**values) -> dict:
-    """Every keyword checked by its rule; the checked values."""
-    return {name: check(name, value) for name, value in values.items()}
-
-
-def check_generate(mode: str, coupling: Optional[str] = None, **settings) -> str:
-    """generate()'s settings (any of RULES' generate() keywords), checked together; returns the coupling the
-    verification uses (``None``: sjd and csd take ``default``, the other modes draw next drafts independently)."""
-    check("mode", mode)
-    check_settings(**settings)
-    if coupling == "none":
-        warnings.warn('coupling="none" is deprecated; use "independent"', DeprecationWarning, stacklevel=3)
-        coupling = "independent"
-    check("coupling", coupling)
-    if mode in ("sjd", "csd"):
-        return coupling
-    if coupling not in (None, "independent"):
-        raise ArgumentError("coupling", coupling, f"None or independent with mode {mode} (only sjd and csd couple "
-                                                  "their next drafts)")
-    return "independent"
 
 TREE_MODES = ("sjd", "csd")  # the modes that take tree=(K, D)
 
@@ -254,9 +110,9 @@ def _check_mask(mask, shape: tuple, left_padded: bool) -> None:
     binary, last_ones, rows_ones = torch.stack([((mask == 0) | (mask == 1)).all(), (mask[:, -1] == 1).all(),
                                                 (mask != 0).any(1).all()]).tolist()
     if not binary or not rows_ones:
-        raise ArgumentError("attention_mask", _Text("values"), expected + ", at least one 1 per row")
+        raise ArgumentError("attention_mask", Text("values"), expected + ", at least one 1 per row")
     if left_padded and not last_ones:
-        raise ArgumentError("attention_mask", _Text("right padding"), expected + ", left-padded: the last column all 1")
+        raise ArgumentError("attention_mask", Text("right padding"), expected + ", left-padded: the last column all 1")
 
 
 def check_prompt_ids(input_ids: Optional[torch.Tensor], vocab: Optional[int]) -> None:
@@ -266,7 +122,7 @@ def check_prompt_ids(input_ids: Optional[torch.Tensor], vocab: Optional[int]) ->
         return
     low, high = torch.stack([input_ids.min(), input_ids.max()]).tolist()
     if low < 0 or high >= vocab:
-        raise ArgumentError("input_ids", _Text(f"ids in [{low}, {high}]"),
+        raise ArgumentError("input_ids", Text(f"ids in [{low}, {high}]"),
                             f"token ids of the model's vocabulary [0, {vocab})")
 
 
@@ -304,5 +160,5 @@ def _integer(tensor: torch.Tensor) -> bool:
 
 def _shape(value) -> str:
     if isinstance(value, torch.Tensor):
-        return _Text(f"{value.dtype} tensor of shape {list(value.shape)}")
-    return _Text(f"a {type(value).__name__}")
+        return Text(f"{value.dtype} tensor of shape {list(value.shape)}")
+    return Text(f"a {type(value).__name__}")

@@ -16,11 +16,11 @@ from typing import Optional
 import torch
 
 from ..backends.compiled import compiled_extension, has_tree, load_error
+from ..constants import BACKENDS
 
 __all__ = ["BACKENDS", "ENV_BACKEND", "backend_status", "available_backends", "select_backend", "select_tree_backend",
            "tree_support"]
 
-BACKENDS = ("triton", "cuda", "cpu", "torch")
 _AUTO_ORDER = {"cuda": ("triton", "cuda", "torch"), "cpu": ("cpu", "torch", "triton")}
 ENV_BACKEND = "CSD_KERNELS_BACKEND"
 

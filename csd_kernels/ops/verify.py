@@ -14,6 +14,7 @@ import torch
 
 from .. import reference as ref
 from ..backends.compiled import compiled_extension, verify_rows
+from ..constants import DEFAULT_ENTROPY_COEF, DEFAULT_TVD_THRESHOLD
 from .checks import (
     SeedLike,
     check_device,
@@ -184,8 +185,8 @@ def verify(
     top_p: Optional[float] = None,
     min_p: Optional[float] = None,
     rule: str = "csd",
-    entropy_coef: float = 0.5,
-    tvd_threshold: float = 0.65,
+    entropy_coef: float = DEFAULT_ENTROPY_COEF,
+    tvd_threshold: float = DEFAULT_TVD_THRESHOLD,
     start: Optional[Union[int, torch.Tensor]] = None,
     coupling: str = "independent",
     positions: Optional[Union[int, torch.Tensor]] = None,

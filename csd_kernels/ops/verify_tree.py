@@ -15,6 +15,7 @@ import torch
 
 from .. import reference as ref
 from ..backends.compiled import has_tree, verify_tree_rows
+from ..constants import DEFAULT_ENTROPY_COEF, DEFAULT_TVD_THRESHOLD
 from .checks import SeedLike, check_device, check_logits, check_nucleus, check_scalars, philox_word, word_tensor
 from .registry import select_tree_backend
 
@@ -127,8 +128,8 @@ def verify_tree(
     top_p: Optional[float] = None,
     min_p: Optional[float] = None,
     rule: str = "strict",
-    entropy_coef: float = 0.5,
-    tvd_threshold: float = 0.65,
+    entropy_coef: float = DEFAULT_ENTROPY_COEF,
+    tvd_threshold: float = DEFAULT_TVD_THRESHOLD,
     sibling_probs: Optional[torch.Tensor] = None,
     seed: SeedLike,
     offset: SeedLike,

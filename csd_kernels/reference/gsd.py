@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 
+from ..constants import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
 from .distributions import (
     draft_distribution,
     inverse_cdf_sample,
@@ -36,8 +37,6 @@ from .verify import VerifyResult, accept_prefix, assemble
 
 __all__ = ["DEFAULT_GROUP_RANK", "DEFAULT_GROUP_DELTA", "group_acceptance", "grouped_verify"]
 
-DEFAULT_GROUP_RANK = 12
-DEFAULT_GROUP_DELTA = 0.15
 
 
 def group_acceptance(p: torch.Tensor, q: torch.Tensor, group_rank: int = DEFAULT_GROUP_RANK,

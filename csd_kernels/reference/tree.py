@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from ..constants import DEFAULT_ENTROPY_COEF, DEFAULT_TVD_THRESHOLD
 from .distributions import (
     PROB_SUM_TOLERANCE,
     STATUS_BAD_DRAFT_PROBS,
@@ -266,9 +267,9 @@ def tree_inputs(node_tokens: torch.Tensor, draft_probs: torch.Tensor, sibling_pr
 def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_probs: torch.Tensor,
                 layout: TreeLayout, *, uncond_logits: Optional[torch.Tensor] = None, cfg_scale: float = 1.0,
                 temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
-                min_p: Optional[float] = None, rule: str = "strict", entropy_coef: float = 0.5,
-                tvd_threshold: float = 0.65, sibling_probs: Optional[torch.Tensor] = None, seed: torch.Tensor,
-                offset: torch.Tensor) -> TreeResult:
+                min_p: Optional[float] = None, rule: str = "strict", entropy_coef: float = DEFAULT_ENTROPY_COEF,
+                tvd_threshold: float = DEFAULT_TVD_THRESHOLD, sibling_probs: Optional[torch.Tensor] = None,
+                seed: torch.Tensor, offset: torch.Tensor) -> TreeResult:
     """The fused tree verification, defined: p at every slot (CFG, temperature, top-k / top-p / min-p), the walk
     on the tree stream's uniforms (tree_walk), and the stats of the nodes on the path.
 

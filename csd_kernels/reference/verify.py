@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from ..constants import COUPLINGS, DEFAULT_ENTROPY_COEF, DEFAULT_TVD_THRESHOLD
 from .distributions import (
     STATUS_BAD_DRAFT_PROBS,
     STATUS_BAD_DRAFT_TOKEN,
@@ -27,10 +28,10 @@ from .distributions import (
 )
 from .rng import gumbel_uniforms, step_uniforms
 
-__all__ = ["RULES", "COUPLINGS", "VerifyResult", "accept_prefix", "assemble", "verify"]
+__all__ = ["RULES", "COUPLINGS", "DEFAULT_ENTROPY_COEF", "DEFAULT_TVD_THRESHOLD", "VerifyResult", "accept_prefix",
+           "assemble", "verify"]
 
 RULES = ("strict", "csd")  # the acceptance rule of verify
-COUPLINGS = ("independent", "maximal", "gumbel")  # how positions after accept_len get their next draft
 
 
 @dataclass
@@ -105,8 +106,8 @@ def verify(
     top_p: Optional[float] = None,
     min_p: Optional[float] = None,
     rule: str = "csd",
-    entropy_coef: float = 0.5,
-    tvd_threshold: float = 0.65,
+    entropy_coef: float = DEFAULT_ENTROPY_COEF,
+    tvd_threshold: float = DEFAULT_TVD_THRESHOLD,
     start: torch.Tensor,
     coupling: str = "independent",
     positions: torch.Tensor,

@@ -26,6 +26,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..decoding.config import GenerationConfig
 from .usage import UsageError
 
 __all__ = ["MANIFEST", "LOCK", "SUMMARY", "TABLE", "LOG_DIR", "FORMAT", "SETTINGS", "atomic_write", "json_bytes",
@@ -38,11 +39,9 @@ TABLE = "summary.txt"
 LOG_DIR = "logs"
 FORMAT = 1
 _TMP_SUFFIX = ".tmp"
-# generate() keywords a run records in run.json (with the model's defaults filled in), and their flags
-SETTINGS = {"window": "--window", "cfg_scale": "--cfg-scale", "temperature": "--temperature", "top_k": "--top-k",
-            "top_p": "--top-p", "min_p": "--min-p",
-            "entropy_coef": "--entropy-coef", "tvd_threshold": "--tvd-threshold", "draft_init": "--draft-init",
-            "backend": "--backend"}
+# the settings a run records in run.json (with the model's defaults filled in), and their flags: GenerationConfig's
+# fields that every sampling command takes as a flag
+SETTINGS = {name: "--" + name.replace("_", "-") for name in GenerationConfig.names(flag="every")}
 _RECORD_KEYS = ("mode", "index", "prompt", "seed", "forward_passes", "accepted", "mean_distortion", "wall_seconds",
                 "tokens", "png_sha256")
 

@@ -16,7 +16,6 @@ generate it in batches → gather and summarise (rank 0).
 from __future__ import annotations
 
 import hashlib
-import inspect
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 
 from .. import zoo
-from ..decoding import MODES, generate
+from ..decoding import MODES, GenerationConfig, generate
 from ..decoding.validation import TREE_MODES, check, check_backend, check_generate, check_tree
 from .files import (
     FORMAT,
@@ -198,7 +197,7 @@ def _check_tree(spec: RunSpec, modes: list, window: Optional[int]) -> None:
     if not set(TREE_MODES) & set(modes):
         raise UsageError(f"--tree {','.join(map(str, spec.tree))}: a draft tree applies to the run's sjd and csd "
                          f"items; --modes {','.join(modes)} has none")
-    window = inspect.signature(generate).parameters["window"].default if window is None else window
+    window = GenerationConfig().window if window is None else window
     check_tree(spec.tree, "sjd", window, spec.coupling, static=True)
 
 
@@ -259,11 +258,8 @@ def _prepare(spec: RunSpec, device: torch.device) -> dict:
 
 def _generate_settings(entry, overrides: dict) -> dict:
     """Every generate() setting a run records: generate()'s defaults < the model's defaults < the command line."""
-    params = inspect.signature(generate).parameters
-    settings = {key: params[key].default for key in SETTINGS}
-    settings.update({k: v for k, v in entry.defaults.items() if k in settings})
-    settings.update({k: v for k, v in overrides.items() if v is not None and k in settings})
-    return settings
+    given = {k: v for k, v in overrides.items() if v is not None and k in SETTINGS}
+    return entry.defaults.replace(**given).as_dict(SETTINGS)
 
 
 def _manifest(spec: RunSpec, prompts: list, settings: dict) -> dict:

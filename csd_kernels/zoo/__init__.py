@@ -17,6 +17,9 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from ..constants import MODEL_NAMES
+from ..decoding.config import GenerationConfig
+
 __all__ = ["ZooModel", "MODEL_NAMES", "load", "describe_options"]
 
 
@@ -25,7 +28,7 @@ class ZooModel:
     name: str
     model: object  # an ImageAdapter (csd_kernels.models)
     prompt_inputs: Callable[[list[str]], dict]  # prompts -> generate() inputs (input_ids [B, S], attention_mask)
-    defaults: dict = field(default_factory=dict)  # generate() keyword defaults for this model
+    defaults: GenerationConfig = field(default_factory=GenerationConfig)  # generate()'s settings for this model
     quality: Optional[Callable[[torch.Tensor, list[str]], dict]] = None  # (tokens [B, H*W], prompts) -> metrics
     # (prompts, seed) -> the same metrics for held-out real images of those prompts: the best a model can score
     heldout_quality: Optional[Callable[[list[str], int], dict]] = None
@@ -65,7 +68,7 @@ def _digits(device: Optional[torch.device] = None, **options) -> ZooModel:
     def heldout(prompts: list[str], seed: int) -> dict:
         return _digits_quality(_digits_heldout_images(prompts, seed), prompts)
 
-    return ZooModel("digits", model, parse, defaults=dict(cfg_scale=DEFAULT_CFG), quality=measure,
+    return ZooModel("digits", model, parse, defaults=GenerationConfig(cfg_scale=DEFAULT_CFG), quality=measure,
                     heldout_quality=heldout, prompt_help=f"a digit class 0..{NUM_CLASSES - 1}")
 
 
@@ -116,9 +119,6 @@ def _loaders() -> dict:
 
     return {"digits": _digits, "llamagen": checkpoints.llamagen, "lumina-mgpt": checkpoints.lumina_mgpt,
             "janus-pro": checkpoints.janus_pro, "emu3": checkpoints.emu3}
-
-
-MODEL_NAMES = ("digits", "llamagen", "lumina-mgpt", "janus-pro", "emu3")
 
 
 @functools.lru_cache(maxsize=None)

@@ -158,7 +158,7 @@ def llamagen(device=None, *, weights=None, config=None, vq=None, image_size=None
             ids.append([int(text)])
         return {"input_ids": torch.tensor(ids, dtype=torch.long, device=device)}
 
-    return ZooModel("llamagen", adapter, parse, defaults=dict(adapter.defaults),
+    return ZooModel("llamagen", adapter, parse, defaults=adapter.defaults,
                     prompt_help=f"an ImageNet class id 0..{classes - 1}")
 
 
@@ -181,7 +181,7 @@ def lumina_mgpt(device=None, *, weights=None, size=None, dtype=None, **options) 
     def parse(prompts: list[str]) -> dict:
         return _left_pad([lumina_prompt(tokenizer, str(p), width, height) for p in prompts], pad, device)
 
-    return ZooModel("lumina-mgpt", adapter, parse, defaults=dict(adapter.defaults), prompt_help="a text prompt")
+    return ZooModel("lumina-mgpt", adapter, parse, defaults=adapter.defaults, prompt_help="a text prompt")
 
 
 def janus_pro(device=None, *, weights=None, dtype=None, **options) -> ZooModel:
@@ -202,7 +202,7 @@ def janus_pro(device=None, *, weights=None, dtype=None, **options) -> ZooModel:
     def parse(prompts: list[str]) -> dict:
         return {k: v.to(device) for k, v in janus_prompt(tokenizer, [str(p) for p in prompts]).items()}
 
-    return ZooModel("janus-pro", adapter, parse, defaults=dict(JANUS_DEFAULTS), prompt_help="a text prompt")
+    return ZooModel("janus-pro", adapter, parse, defaults=JANUS_DEFAULTS, prompt_help="a text prompt")
 
 
 def _janus_transformers(weights: str, dtype: torch.dtype, device: torch.device):
@@ -238,4 +238,4 @@ def emu3(device=None, *, weights=None, size=None, dtype=None, **options) -> ZooM
         inputs = family.emu3_prompt(tokenizer, [str(p) + family.EMU3_POSITIVE_SUFFIX for p in prompts], grid)
         return {k: v.to(device) for k, v in inputs.items()}
 
-    return ZooModel("emu3", adapter, parse, defaults=dict(adapter.defaults), prompt_help="a text prompt")
+    return ZooModel("emu3", adapter, parse, defaults=adapter.defaults, prompt_help="a text prompt")

@@ -26,6 +26,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from ...decoding.config import GenerationConfig
 from ..protocol import to_uint8_images
 from ..row_end import RowEndLayout
 
@@ -34,7 +35,7 @@ __all__ = ["EMU3_DEFAULTS", "EMU3_NEGATIVE_PROMPT", "EMU3_POSITIVE_SUFFIX", "Emu
 
 # BAAI's Emu3-Gen recipe (baaivision/Emu3 README, BAAI/Emu3 space image_generation.py): classifier-free guidance 3.0
 # with the negative prompt below, sampling with top-k 2048, temperature 1; the prompt gets the positive suffix.
-EMU3_DEFAULTS = dict(cfg_scale=3.0, top_k=2048, temperature=1.0)
+EMU3_DEFAULTS = GenerationConfig(cfg_scale=3.0, top_k=2048, temperature=1.0)
 EMU3_POSITIVE_SUFFIX = " masterpiece, film grained, best quality."
 EMU3_NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
                         "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
@@ -123,7 +124,7 @@ class Emu3Adapter(RowEndLayout):  # the row-end layout of Lumina-mGPT
         self.eos_token_id = model.config.text_config.eos_token_id
         self.pad_token_id = model.config.text_config.pad_token_id or 0
         self.negative_prompt_ids = None if negative_prompt_ids is None else [int(t) for t in negative_prompt_ids]
-        self.defaults = dict(EMU3_DEFAULTS)
+        self.defaults = EMU3_DEFAULTS
 
     def _prompt_rows(self, input_ids, attention_mask, cfg):
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask

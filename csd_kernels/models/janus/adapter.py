@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from ...decoding.config import GenerationConfig
 from ..base import CachedImageLM
 from ..protocol import to_uint8_images
 
@@ -25,7 +26,7 @@ JANUS_PRO_ROLES = ("<|User|>", "<|Assistant|>")
 JANUS_ROLES = ("User", "Assistant")
 # How deepseek-ai/Janus (generation_inference.py) and the CSD authors run text-to-image: cfg_weight 5, temperature 1,
 # no top-k (transformers' generation config may carry top_k for sampling; it is not what they run).
-JANUS_DEFAULTS = dict(cfg_scale=5.0, temperature=1.0, top_k=None)
+JANUS_DEFAULTS = GenerationConfig(cfg_scale=5.0, temperature=1.0, top_k=None)
 
 
 def janus_prompt(processor, text, *, roles=JANUS_PRO_ROLES) -> dict:

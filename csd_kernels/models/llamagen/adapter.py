@@ -18,6 +18,7 @@ from typing import Optional
 
 import torch
 
+from ...decoding.config import GenerationConfig
 from ..cache import chain_visibility, move_rows, tree_visibility
 from .gpt import KVCache, RowKVCache, Transformer
 from .vq import VQDecoder, to_uint8_like_save_image
@@ -25,8 +26,8 @@ from .vq import VQDecoder, to_uint8_like_save_image
 __all__ = ["C2I_DEFAULTS", "T2I_DEFAULTS", "LlamaGenAdapter", "left_pad_captions"]
 
 # generate() keywords of upstream's sampling scripts (their top_p = 1.0 is no filtering)
-C2I_DEFAULTS = dict(cfg_scale=4.0, top_k=2000, temperature=1.0)  # autoregressive/sample/sample_c2i.py
-T2I_DEFAULTS = dict(cfg_scale=7.5, top_k=1000, temperature=1.0)  # autoregressive/sample/sample_t2i.py
+C2I_DEFAULTS = GenerationConfig(cfg_scale=4.0, top_k=2000, temperature=1.0)  # autoregressive/sample/sample_c2i.py
+T2I_DEFAULTS = GenerationConfig(cfg_scale=7.5, top_k=1000, temperature=1.0)  # autoregressive/sample/sample_t2i.py
 
 
 def left_pad_captions(embeds: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,7 +47,7 @@ class LlamaGenAdapter:
         self.args = model.args
         self.grid = (self.args.grid, self.args.grid)
         self.vocab_size = self.args.vocab_size
-        self.defaults = dict(C2I_DEFAULTS if self.args.model_type == "c2i" else T2I_DEFAULTS)
+        self.defaults = C2I_DEFAULTS if self.args.model_type == "c2i" else T2I_DEFAULTS
         self.cache: Optional[KVCache] = None
         self.key_valid: Optional[torch.Tensor] = None  # [R, cls + grid²] False at padded caption positions
         self.last: Optional[torch.Tensor] = None  # [R, 1, D] embedding of the last condition position (x_{-1})

@@ -39,6 +39,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from ...decoding.config import GenerationConfig
 from ..protocol import to_uint8_images
 from ..row_end import RowEndLayout
 
@@ -47,7 +48,7 @@ __all__ = ["DEFAULT_GRID", "LUMINA_DEFAULTS", "LuminaMGPT", "load_lumina_mgpt", 
 # Sampling defaults of the family, for generate(**LUMINA_DEFAULTS): image top-k 2000 and CFG 3.0 are the setting of
 # the SJD and GSD papers' Lumina-mGPT experiments (and of inference_solver.create_logits_processor's defaults);
 # Lumina-mGPT's own README suggests cfg 4.0 (top-k 2000, temperature 1.0).
-LUMINA_DEFAULTS = dict(top_k=2000, cfg_scale=3.0, temperature=1.0)
+LUMINA_DEFAULTS = GenerationConfig(top_k=2000, cfg_scale=3.0, temperature=1.0)
 # Lumina-mGPT-7B-768: 768 px / 16 px per token. Other sizes: lumina_grid(width, height).
 DEFAULT_GRID = (48, 48)
 PATCH_PIXELS = 32  # a size token counts 32-pixel patches = 2 x 2 tokens of 16 pixels
@@ -133,7 +134,7 @@ class LuminaMGPT(RowEndLayout):
                                 size_token_offset + self.grid[1] // 2)
         self.image_prefix_ids = [int(t) for t in image_prefix_ids]
         self._decode = decode
-        self.defaults = dict(LUMINA_DEFAULTS)  # generate() keywords (see LUMINA_DEFAULTS)
+        self.defaults = LUMINA_DEFAULTS  # generate()'s config (see LUMINA_DEFAULTS)
 
     def _prompt_rows(self, input_ids, attention_mask, cfg):
         batch, length = input_ids.shape

@@ -1,0 +1,189 @@
+"""The ``csd`` command's parser: its subcommands and flags, and the checks of the flags that need no model (by the
+API's own rules, :mod:`csd_kernels.decoding.config`). Torch-free: ``csd --help``, ``csd --version`` and a refused flag
+answer without importing torch; the commands themselves are in commands.py.
+
+The generation flags are GenerationConfig's fields (those with ``flag="every"``): each is ``--name-with-dashes``,
+typed and helped by its field, its default the model's.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import __version__
+from ..constants import BACKENDS, COUPLINGS, MODEL_NAMES
+from ..decoding.config import DEFAULT_COUPLING, MODES, RULES, GenerationConfig, check, check_generate
+
+__all__ = ["build_parser", "check_flags", "GENERATION_FLAGS", "add_model_options", "add_generation_options"]
+
+GENERATION_FLAGS = GenerationConfig.names(flag="every")  # the generation flags every sampling command takes
+# the command line's own checked flags, by subcommand (GenerationConfig's are checked for generate, compare and run)
+_COMMAND_FLAGS = {"generate": ("seed", "num", "image_size"), "compare": ("seeds", "num", "image_size"),
+                  "run": ("seed", "batch_size", "num_threads", "image_size"),
+                  "sweep": ("per_class", "seeds", "workers")}
+
+
+def _help(name: str, text: str, default) -> str:
+    """Help of a checked flag: what it is, the accepted values (decoding.config.RULES) and the default."""
+    return f"{text}; {RULES[name].expected.removeprefix('None or ')} (default: {default})".replace("%", "%%")
+
+
+def add_model_options(parser: argparse.ArgumentParser, device: bool = True) -> None:
+    """--model and the local checkpoint it runs (see csd_kernels.zoo.checkpoints)."""
+    parser.add_argument("--model", default="digits", help=f"one of {', '.join(MODEL_NAMES)} (default: digits)")
+    parser.add_argument("--weights", help="llamagen: the GPT .pt; lumina-mgpt, janus-pro, emu3: the checkpoint folder "
+                                          "(default: none; digits ships its weights)")
+    parser.add_argument("--config", help="llamagen: the upstream model name (GPT-B, GPT-L, GPT-XL, ...) or a JSON file "
+                                         "of its ModelArgs fields (default: none)")
+    parser.add_argument("--vq", help="llamagen: the VQ checkpoint (vq_ds16_c2i.pt), for pixels (default: none, "
+                                     "tokens only)")
+    parser.add_argument("--image-size", dest="image_size", type=int,
+                        help=_help("image_size", "llamagen: the checkpoint's resolution in pixels",
+                                   "read from a _256/_384 in its name"))
+    parser.add_argument("--size", help="lumina-mgpt: image size in pixels, 768 or WIDTHxHEIGHT (default: 768); "
+                                       "emu3: the same, multiples of 8 (default: 720)")
+    parser.add_argument("--dtype", help="bfloat16 / float16 / float32 (default: bfloat16 on a GPU, float32 on a CPU)")
+    if device:
+        parser.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU when one is visible, else cpu)")
+
+
+def add_generation_options(parser: argparse.ArgumentParser) -> None:
+    """GenerationConfig's flag="every" fields, one flag each (unset ones fall back to the model's defaults): typed by
+    the field's rule (a choice that cannot be None is argparse's choices), helped by its text."""
+    for name in GENERATION_FLAGS:
+        info = GenerationConfig.field_info(name)
+        rule, shown = info["rule"], info["shown"] or info["default"]
+        options = {}
+        if rule is not None and rule.kind == "bool":
+            options["action"] = argparse.BooleanOptionalAction
+        elif rule is not None and rule.kind == "choice" and not rule.optional:
+            options["choices"] = rule.choices
+        elif rule is not None:
+            options["type"] = {"int": int, "real": float}.get(rule.kind, str)
+        text = info["help"] if rule is None else f"{info['help']}; {rule.expected.removeprefix('None or ')}"
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                            help=f"{text} (default: the model's, else {shown})".replace("%", "%%"), **options)
+
+
+def _tree_flag(text: str) -> tuple:
+    """--tree K,D -> (K, D) ints; their bounds and what they go with: validation.check_tree."""
+    try:
+        branching, depth = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K,D: two ints, e.g. 3,2 (got {text!r})") from None
+    return branching, depth
+
+
+def _add_sampling(parser: argparse.ArgumentParser, num: int) -> None:
+    add_model_options(parser)
+    parser.add_argument("--prompt", required=True, help="the prompt (digits, llamagen: a class id; others: text)")
+    parser.add_argument("--num", type=int, default=num, help=_help("num", "images per run", num))
+    add_generation_options(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar (default: shown)")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An unparsable command line is one line too (argparse would print the usage first), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="csd", description="Content-aware speculative decoding of AR image models.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="generate images, write PNGs, maps and stats.json")
+    _add_sampling(gen, num=16)
+    gen.add_argument("--mode", default="csd", choices=MODES, help="decoding mode (default: csd)")
+    gen.add_argument("--coupling", choices=sorted(COUPLINGS),
+                     help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING}; other modes: independent)")
+    gen.add_argument("--seed", type=int, default=0, help=_help("seed", "seed of image 0 (image b: seed + b)", 0))
+    gen.add_argument("--tree", type=_tree_flag, metavar="K,D",
+                     help="a lossless draft tree in every window (docs/trees.md): K candidates per position at the "
+                          "first D positions, e.g. 3,2; K, D >= 1, (K^D - 1)/(K - 1) < the window; --mode sjd, "
+                          "--coupling maximal (default: none, a chain)")
+    gen.add_argument("--out", default="out", help="output folder: csd generate replaces the images of its earlier "
+                                                  "runs there and refuses a folder with other files (default: out)")
+    gen.set_defaults(handler="cmd_generate")
+
+    cmp = commands.add_parser("compare", help="ar, sjd, gsd and csd on the same prompts and seeds: speed and quality")
+    _add_sampling(cmp, num=64)
+    cmp.add_argument("--seeds", type=int, default=3, help=_help("seeds", "repeats with different seeds, for the "
+                                                                         "spread", 3))
+    cmp.add_argument("--out", default="out/compare", help="output folder (default: out/compare)")
+    cmp.set_defaults(handler="cmd_compare")
+
+    bench = commands.add_parser("bench", help="microbenchmarks of the verify op on every available backend")
+    bench.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when a GPU is visible, else cpu)")
+    bench.add_argument("--backends", nargs="*", help=f"any of {', '.join(BACKENDS)} that run on the device "
+                                                     "(default: every available backend, not Triton's interpreter)")
+    bench.add_argument("--quick", action="store_true", help="two shapes instead of six (default: six)")
+    bench.add_argument("--out", default="benchmarks/results", help="output folder (default: benchmarks/results)")
+    bench.set_defaults(handler="cmd_bench")
+
+    sweep = commands.add_parser("sweep", help="the speed-quality frontier: every mode, csd over a grid of lambda x tau "
+                                              "x coupling, mean and spread over seeds (JSON, CSV, plot)")
+    sweep.add_argument("--model", default="digits", help="a zoo model with a quality measure (default: digits)")
+    sweep.add_argument("--per-class", dest="per_class", type=int, default=8,
+                       help=_help("per_class", "images per class per seed", 8))
+    sweep.add_argument("--seeds", type=int, default=3, help=_help("seeds", "seeds 0..N-1", 3))
+    sweep.add_argument("--lambdas", default="0,0.05,0.1,0.25,0.5,1",
+                       help="csd entropy_coef values, each >= 0 (default: 0,0.05,0.1,0.25,0.5,1)")
+    sweep.add_argument("--taus", default="0.3,0.65,1", help="csd tvd_threshold values, each in [0, 1] "
+                                                           "(default: 0.3,0.65,1)")
+    sweep.add_argument("--couplings", default="independent,maximal",
+                       help=f"csd couplings, any of {', '.join(COUPLINGS)} (default: independent,maximal)")
+    sweep.add_argument("--trees", default="2x2,3x2", help="draft trees KxD of the sjd+maximal+tree settings, "
+                       "comma-separated, or none (default: 2x2,3x2)")
+    sweep.add_argument("--workers", type=int, default=2, help=_help("workers", "processes, one torch thread each", 2))
+    sweep.add_argument("--out", default="out/sweep/frontier",
+                       help="path prefix of the .json, .csv and .png (default: out/sweep/frontier)")
+    sweep.set_defaults(handler="cmd_sweep")
+
+    run = commands.add_parser("run", help="sharded, resumable generation of a prompts file over modes "
+                                          "(torchrun --nproc-per-node N -m csd_kernels run ...)")
+    _add_run_arguments(run)
+    run.set_defaults(handler="cmd_run")
+    return parser
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_options(parser, device=False)  # each rank runs on its own device
+    parser.add_argument("--prompts", required=True, help="prompts file: one prompt per line (digits: a class id 0..9)")
+    parser.add_argument("--modes", default="ar,sjd,csd", help=f"comma-separated modes, any of {', '.join(MODES)} "
+                                                              "(default: ar,sjd,csd)")
+    parser.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
+    parser.add_argument("--seed", type=int, default=0, help=_help("seed", "global seed", 0))
+    parser.add_argument("--batch-size", dest="batch_size", type=int, default=16,
+                        help=_help("batch_size", "images per generate() call on each rank (does not change the "
+                                                 "images)", 16))
+    parser.add_argument("--coupling", choices=sorted(COUPLINGS),
+                        help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING})")
+    parser.add_argument("--tree", type=_tree_flag, metavar="K,D",
+                        help="a lossless draft tree for the run's sjd items (docs/trees.md), e.g. 3,2; --modes must "
+                             "hold sjd (default: none, a chain)")
+    add_generation_options(parser)
+    parser.add_argument("--num-threads", dest="num_threads", type=int,
+                        help=_help("num_threads", "torch threads per process", "CPU cores / processes on this node"))
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or table (default: shown)")
+
+
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the checks that need no model (nor torch)
+# ----------------------------------------------------------------------------------------------------------------------
+def check_flags(args: argparse.Namespace) -> None:
+    """The subcommand's flags that the API's rules judge alone, checked before the command imports torch: the
+    generation flags (as GenerationConfig's fields, with --mode and --coupling), and the command line's own (--num,
+    --seed, ...). An ArgumentError names the keyword; main() says the flag. What needs torch or the model (--device,
+    whether --backend runs there, --tree against the window, the prompts, the files) the commands check."""
+    command = args.command
+    if command in ("generate", "compare", "run"):
+        given = {name: getattr(args, name) for name in GENERATION_FLAGS if getattr(args, name, None) is not None}
+        # (csd run's coupling applies to its sjd and csd items; compare runs its own couplings)
+        check_generate(getattr(args, "mode", "csd"), getattr(args, "coupling", None), **given)
+    for name in _COMMAND_FLAGS.get(command, ()):
+        check(name, getattr(args, name))

@@ -1,0 +1,20 @@
+"""Names and default values that several layers share, importable without torch (the ``csd`` command builds its
+parser and refuses bad flags from them before it imports torch; decoding/config.py reads them).
+
+Each is defined here once; the layers that own the concept re-export it (reference.COUPLINGS,
+reference.DEFAULT_ENTROPY_COEF, ops.registry.BACKENDS, zoo.MODEL_NAMES)."""
+
+__all__ = ["COUPLINGS", "DEFAULT_ENTROPY_COEF", "DEFAULT_TVD_THRESHOLD", "DEFAULT_GROUP_RANK", "DEFAULT_GROUP_DELTA",
+           "BACKENDS", "MODEL_NAMES"]
+
+COUPLINGS = ("independent", "maximal", "gumbel")  # how positions after accept_len get their next draft
+# CSD's λ (acceptance bonus per nat of entropy) and τ (the bonus applies where TVD(p, q) < τ): the CSD authors'
+# reference code (github.com/aderfebr/CSD)
+DEFAULT_ENTROPY_COEF = 0.5
+DEFAULT_TVD_THRESHOLD = 0.65
+# GSD's group (k, δ): tokens within ±k ranks of the draft whose probability is within δ of it (the CSD repository's
+# k = 12, δ = 0.15)
+DEFAULT_GROUP_RANK = 12
+DEFAULT_GROUP_DELTA = 0.15
+BACKENDS = ("triton", "cuda", "cpu", "torch")  # verify backends; which can run where: ops.registry.backend_status
+MODEL_NAMES = ("digits", "llamagen", "lumina-mgpt", "janus-pro", "emu3")  # the zoo's models (csd --model)

@@ -1,0 +1,197 @@
+"""Every setting of :func:`csd_kernels.generate`, once: :class:`GenerationConfig`, a frozen dataclass whose fields
+carry their default, the values they accept (a :class:`~.rules.Rule`), their help text and where the default comes
+from. What else lists settings reads them from here: :data:`RULES` (the checks of validation.py), the command line's
+flags and their help (cli/parser.py), the settings ``csd run`` records in run.json and ``csd generate`` in
+stats.json. A family's sampling defaults (``model.defaults``) are a GenerationConfig too.
+
+Torch-free (stdlib, constants.py and rules.py only): the command line builds its parser and refuses bad flags with
+it before it imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Union
+
+from ..constants import (
+    BACKENDS,
+    COUPLINGS,
+    DEFAULT_ENTROPY_COEF,
+    DEFAULT_GROUP_DELTA,
+    DEFAULT_GROUP_RANK,
+    DEFAULT_TVD_THRESHOLD,
+)
+from .rules import ArgumentError, Rule, bool_rule, choice_rule, int_rule, real_rule
+
+__all__ = ["GenerationConfig", "RULES", "MODES", "DRAFT_INITS", "DEFAULT_COUPLING", "MAX_IMAGES", "MAX_SEED", "FLAGS",
+           "check", "check_settings", "check_generate"]
+
+MODES = ("ar", "jd", "sjd", "gsd", "csd")
+DRAFT_INITS = ("uniform", "above")
+DEFAULT_COUPLING = "maximal"  # lossless-tested like the others, and the fewest passes (docs/decoding.md)
+MAX_IMAGES = 1024  # images the command line generates in one generate() call (--num, --batch-size)
+MAX_SEED = (1 << 63) - 1  # seeds are int64 on the device (verify takes [0, 2^64); generate adds the row index)
+
+# Where a field is a flag of the csd command: "every" sampling command (generate, compare, run) takes it as --name,
+# its default the model's; "own": each command declares it itself (its default or meaning differs per command);
+# None: the API only.
+FLAGS = ("every", "own", None)
+
+
+def _setting(default, rule: Optional[Rule], text: str, *, source: str = "", flag: Optional[str] = "every",
+             recorded: bool = True, shown: Optional[str] = None):
+    """A GenerationConfig field. rule: what it accepts (None: checked by generate() with the inputs, see
+    validation.py); text: what it is (the flag's help); source: where the default comes from; flag: see FLAGS;
+    recorded: csd generate's stats.json lists it under "parameters" (mode and seed have keys of their own there;
+    progress and sync_timings change no token); shown: the default as help shows it (default: the value)."""
+    assert flag in FLAGS, flag
+    return field(default=default, metadata=dict(rule=rule, help=text, source=source, flag=flag, recorded=recorded,
+                                                shown=shown))
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """The settings of :func:`csd_kernels.generate` (see its docstring and docs/decoding.md); every value is checked
+    when the config is made (:class:`~.rules.ArgumentError` naming the field). ``config.replace(window=32)`` is a
+    copy with other values; ``**config`` and ``dict(config)`` give the fields that differ from the defaults (so
+    ``generate(model, ids, **model.defaults)`` works as ``generate(model, ids, config=model.defaults)``)."""
+
+    mode: str = _setting("csd", choice_rule(MODES), "decoding mode", flag="own", recorded=False)
+    window: int = _setting(16, int_rule(1), "Jacobi window: tokens drafted per pass",
+                           source="the CSD reference code (Janus-Pro); docs/measurements.md")
+    cfg_scale: float = _setting(5.0, real_rule(), "classifier-free guidance scale (1: no guidance)",
+                                source="the CSD reference code (Janus-Pro)")
+    temperature: float = _setting(1.0, real_rule(0), "sampling temperature (0: greedy)",
+                                  source="the CSD reference code")
+    top_k: Optional[int] = _setting(None, int_rule(1, optional=True), "sample from the k most likely tokens",
+                                    source="the CSD reference code (no top-k)", shown="all")
+    top_p: Optional[float] = _setting(None, real_rule(0, 1, open_low=True, optional=True),
+                                      "nucleus sampling: the smallest set of most likely tokens holding this much "
+                                      "probability", shown="off")
+    min_p: Optional[float] = _setting(None, real_rule(0, 1, optional=True), "keep tokens with p >= min_p * max p",
+                                      shown="off")
+    entropy_coef: float = _setting(DEFAULT_ENTROPY_COEF, real_rule(0), "CSD λ: acceptance bonus per nat of entropy",
+                                   source="the CSD reference code (constants.DEFAULT_ENTROPY_COEF)")
+    tvd_threshold: float = _setting(DEFAULT_TVD_THRESHOLD, real_rule(0, 1),
+                                    "CSD τ: the bonus applies where TVD(p, q) < τ",
+                                    source="the CSD reference code (constants.DEFAULT_TVD_THRESHOLD)")
+    draft_init: str = _setting("uniform", choice_rule(DRAFT_INITS), "fresh drafts: uniform, or the token above",
+                               source="the CSD reference code (uniform drafts)")
+    coupling: Optional[str] = _setting(None, choice_rule(COUPLINGS, optional=True),
+                                       "how sjd and csd draw the next drafts (other modes: independent)", flag="own",
+                                       shown=f"{DEFAULT_COUPLING} for sjd and csd")
+    seed: Union[int, Sequence[int]] = _setting(0, None, "seed of row 0 (row b: seed + b), or one per row (a sequence "
+                                               "or an integer tensor)", flag="own", recorded=False)
+    progress: bool = _setting(False, bool_rule(), "a progress bar", flag=None, recorded=False)
+    backend: Optional[str] = _setting(None, choice_rule(BACKENDS, optional=True),
+                                      "verify backend; it must run on the device", shown="the best available")
+    group_rank: int = _setting(DEFAULT_GROUP_RANK, int_rule(1), "GSD k: the draft's group is the tokens within ±k "
+                               "ranks of it in p", source="the CSD repository's GSD (constants.DEFAULT_GROUP_RANK)",
+                               flag=None)
+    group_delta: float = _setting(DEFAULT_GROUP_DELTA, real_rule(0), "GSD δ: ... whose probability is within δ of "
+                                  "the draft's", source="the CSD repository's GSD (constants.DEFAULT_GROUP_DELTA)",
+                                  flag=None)
+    sync_timings: bool = _setting(False, bool_rule(), "on CUDA, synchronise around the timed phases", flag=None,
+                                  recorded=False)
+    max_lead: Optional[int] = _setting(None, int_rule(0, optional=True), "rows more than this many committed tokens "
+                                       "ahead of the slowest row pause (eager loop)", flag=None, shown="one window",
+                                       source="docs/measurements.md")
+    static: Optional[bool] = _setting(None, bool_rule(optional=True), "the fixed-shape iteration, no host sync "
+                                      "inside (docs/fast-path.md)", flag=None, shown="with a tree only")
+    cuda_graph: Optional[bool] = _setting(None, bool_rule(optional=True), "static only: replay one iteration as a "
+                                          "CUDA graph", flag=None, shown="on for CUDA")
+    compile: bool = _setting(False, bool_rule(), "static only: the iteration under torch.compile(fullgraph=True)",
+                             flag=None)
+    tree: Optional[tuple] = _setting(None, None, "a draft tree (K, D) in every window (docs/trees.md)", flag="own",
+                                     shown="none, a chain")
+
+    def __post_init__(self):
+        if self.coupling == "none":
+            warnings.warn('coupling="none" is deprecated; use "independent"', DeprecationWarning, stacklevel=4)
+            object.__setattr__(self, "coupling", "independent")
+        for f in dataclasses.fields(self):
+            if f.metadata["rule"] is not None:
+                object.__setattr__(self, f.name, check(f.name, getattr(self, f.name)))
+
+    def replace(self, **overrides) -> "GenerationConfig":
+        """This config with ``overrides``; TypeError naming a keyword that is no field."""
+        unknown = sorted(set(overrides) - set(self.names()))
+        if unknown:
+            raise TypeError(f"unexpected keyword argument{'s' if len(unknown) > 1 else ''} "
+                            f"{', '.join(map(repr, unknown))}: the settings are GenerationConfig's fields "
+                            f"({', '.join(self.names())})")
+        return dataclasses.replace(self, **overrides) if overrides else self
+
+    @classmethod
+    def names(cls, **metadata) -> tuple:
+        """The field names, in order; those whose metadata has the given values (e.g. ``flag="every"``)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if all(f.metadata[k] == v for k, v in metadata.items()))
+
+    @classmethod
+    def field_info(cls, name: str) -> dict:
+        """A field's metadata (rule, help, source, flag, recorded, shown) and its ``default``."""
+        (f,) = [f for f in dataclasses.fields(cls) if f.name == name]
+        return dict(f.metadata, default=f.default)
+
+    def changed(self) -> dict:
+        """The fields whose values differ from the defaults."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if _differs(getattr(self, f.name),
+                                                                                             f.default)}
+
+    def keys(self):
+        return self.changed().keys()
+
+    def __getitem__(self, name: str):
+        return self.changed()[name]
+
+    def as_dict(self, names: Optional[Sequence[str]] = None) -> dict:
+        """{name: value} of every field (or of ``names``)."""
+        return {name: getattr(self, name) for name in (names or self.names())}
+
+
+def _differs(value, default) -> bool:
+    try:
+        return bool(value != default)
+    except (TypeError, ValueError, RuntimeError):  # e.g. a tensor of per-row seeds
+        return True
+
+
+# Every checked setting, by keyword (the command line's flag is the keyword with dashes: cfg_scale -> --cfg-scale):
+# GenerationConfig's fields, then the command line's own.
+RULES: dict[str, Rule] = {
+    **{name: GenerationConfig.field_info(name)["rule"] for name in GenerationConfig.names()
+       if GenerationConfig.field_info(name)["rule"] is not None},
+    "seed": int_rule(0, MAX_SEED),  # an int on the command line (generate() also takes one per row: row_seeds)
+    "num": int_rule(1, MAX_IMAGES),
+    "batch_size": int_rule(1, MAX_IMAGES),
+    "seeds": int_rule(1, 1000),
+    "per_class": int_rule(1, 1000),
+    "workers": int_rule(1, 256),
+    "num_threads": int_rule(1, 4096, optional=True),
+    "image_size": int_rule(1, 65536, optional=True),
+}
+
+
+def check(name: str, value):
+    """``value`` checked by ``RULES[name]`` (and converted to its type)."""
+    return RULES[name].check(name, value)
+
+
+def check_settings(**values) -> dict:
+    """Every keyword checked by its rule; the checked values."""
+    return {name: check(name, value) for name, value in values.items()}
+
+
+def check_generate(mode: str, coupling: Optional[str] = None, **settings) -> Optional[str]:
+    """generate()'s settings (any of RULES' GenerationConfig fields), checked together; returns the coupling the
+    verification uses (``None``: sjd and csd take DEFAULT_COUPLING, the other modes draw next drafts
+    independently)."""
+    config = GenerationConfig(mode=mode, coupling=coupling, **settings)
+    if mode in ("sjd", "csd"):
+        return config.coupling
+    if config.coupling not in (None, "independent"):
+        raise ArgumentError("coupling", config.coupling, f"None or independent with mode {mode} (only sjd and csd "
+                                                         "couple their next drafts)")
+    return "independent"
