@@ -152,7 +152,7 @@ def main() -> None:
     heldout = judges.measure(judges.heldout8, judges.heldout_labels, in_dataset=True)
     seeds = [int(s) for s in args.seeds.split(",")]
     runs = [judges.measure(*ar_images8(entry, args.per_class, seed, args.cfg)) for seed in seeds]
-    report = {"cfg_scale": args.cfg or entry.defaults.get("cfg_scale"), "per_class": args.per_class,
+    report = {"cfg_scale": args.cfg or entry.defaults.cfg_scale, "per_class": args.per_class,
               "seeds": args.seeds, "weights": args.weights or "shipped", "ar": summarise(runs),
               "heldout_real": summarise([heldout]), "seconds": round(time.perf_counter() - begin, 1)}
     print(format_report(report))

@@ -62,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
     from csd_kernels import zoo
 
-    cfg_scale = zoo.load("digits").defaults["cfg_scale"]
+    cfg_scale = zoo.load("digits").defaults.cfg_scale
     codebook, lm = load_codebook(), load_lm()
     images, labels = real_digits(args.num)
     tokenizer_h = entropy(codebook.code_distribution(images, draws=args.draws, seed=1))  # [N, 256]
