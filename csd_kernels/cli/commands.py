@@ -439,8 +439,9 @@ def _help(name: str, text: str, default) -> str:
 
 
 def add_model_options(parser: argparse.ArgumentParser, device: bool = True) -> None:
-    """--model and the local checkpoint it runs (see csd_kernels.zoo.checkpoints)."""
-    parser.add_argument("--model", default="digits", help=f"one of {', '.join(zoo.MODEL_NAMES)} (default: digits)")
+    """--model (one of zoo.MODELS) and the local checkpoint it runs (see the family's models/<family>/command.py)."""
+    models = ", ".join(f"{entry.name} ({entry.help})" for entry in zoo.MODELS).replace("%", "%%")
+    parser.add_argument("--model", default="digits", help=f"one of {models} (default: digits)")
     parser.add_argument("--weights", help="llamagen: the GPT .pt; lumina-mgpt, janus-pro, emu3: the checkpoint folder "
                                           "(default: none; digits ships its weights)")
     parser.add_argument("--config", help="llamagen: the upstream model name (GPT-B, GPT-L, GPT-XL, ...) or a JSON file "
