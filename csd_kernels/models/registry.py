@@ -34,7 +34,7 @@ class Family:
     help: str  # its line in the command's --model help: what it loads, what a prompt is
     loader: Union[str, Callable, None]  # (device=None, **options) -> ZooModel, or its "module:attribute";
     # None: Python API only
-    adapter: Optional[str] = None  # "module:attribute" called with a recognised model, returns its adapter
+    adapter: Union[str, Callable, None] = None  # called with a recognised model, returns its adapter (or raises)
     recognises: tuple[str, ...] = ()  # model classes get_adapter wraps: a class name or "module.QualName" (MRO)
     hint: str = ""  # what get_adapter takes for this family, for its error when nothing matches
 
