@@ -177,9 +177,10 @@ WRITTEN = ("csd_kernels/_C*.so", "csd_kernels._C", "benchmarks/results/")
 
 
 def named_paths(text: str) -> list[str]:
-    """Repository paths a page names (code blocks included), without a test id's ``::name`` or trailing stops."""
-    found = re.findall(rf"(?<![\w./$-])((?:{'|'.join(PATH_ROOTS)})/[\w./*-]*)", text)
-    return sorted({path.rstrip(".:,-") for path in found})
+    """Repository paths a page names (code blocks included), without a test id's ``::name`` or trailing stops;
+    a pattern (``tests/test_<family>.py``) is no path."""
+    found = re.findall(rf"(?<![\w./$-])((?:{'|'.join(PATH_ROOTS)})/[\w./*-]*)(<?)", text)
+    return sorted({path.rstrip(".:,-") for path, pattern in found if not pattern})
 
 
 def named_modules(text: str) -> list[str]:
@@ -226,7 +227,7 @@ def test_named_paths_exist(page):
 
 def test_a_missing_path_or_module_is_found(tmp_path):
     page = tmp_path / "a.md"
-    page.write_text("See csd_kernels/ops/verify.py, tests/test_docs.py::test_slugs_follow_github and tests/.\n"
+    page.write_text("See csd_kernels/ops/verify.py, tests/test_docs.py::test_slugs_follow_github, tests/test_<x>.py.\n"
                     "```\npython benchmarks/nothing.py\n```\n"
                     "Gone: csd_kernels/zoo/checkpoints.py, csd_kernels.models.NoSuchAdapter, csd_kernels.nothing.\n"
                     "Here: csd_kernels.models.registry.get_adapter, csd_kernels/backends/triton/kernels/*.py.\n"
