@@ -2,10 +2,11 @@
 parser and refuses bad flags from them before it imports torch; decoding/config.py reads them).
 
 Each is defined here once; the layers that own the concept re-export it (reference.COUPLINGS,
-reference.DEFAULT_ENTROPY_COEF, ops.registry.BACKENDS, zoo.MODEL_NAMES)."""
+reference.DEFAULT_ENTROPY_COEF, ops.registry.BACKENDS). The csd --model names and help are
+models/registry.py's families (also torch-free) after the models shipped here, SHIPPED_MODELS."""
 
 __all__ = ["COUPLINGS", "DEFAULT_ENTROPY_COEF", "DEFAULT_TVD_THRESHOLD", "DEFAULT_GROUP_RANK", "DEFAULT_GROUP_DELTA",
-           "BACKENDS", "MODEL_NAMES"]
+           "BACKENDS", "SHIPPED_MODELS"]
 
 COUPLINGS = ("independent", "maximal", "gumbel")  # how positions after accept_len get their next draft
 # CSD's λ (acceptance bonus per nat of entropy) and τ (the bonus applies where TVD(p, q) < τ): the CSD authors'
@@ -17,4 +18,5 @@ DEFAULT_TVD_THRESHOLD = 0.65
 DEFAULT_GROUP_RANK = 12
 DEFAULT_GROUP_DELTA = 0.15
 BACKENDS = ("triton", "cuda", "cpu", "torch")  # verify backends; which can run where: ops.registry.backend_status
-MODEL_NAMES = ("digits", "llamagen", "lumina-mgpt", "janus-pro", "emu3")  # the zoo's models (csd --model)
+# the models the package ships (zoo/), first among csd --model's choices: {name: its line in the --model help}
+SHIPPED_MODELS = {"digits": "the shipped digits model, weights in the package; prompts: class ids 0..9"}

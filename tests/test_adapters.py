@@ -209,3 +209,64 @@ def test_janus_prompt_is_the_sft_format_of_deepseek_janus():
     assert mask[1, 0] == 0 and ids[1, 0] == tokenizer.pad_token_id and mask[1, -1] == 1
     plain = janus_prompt(tokenizer, "A red cube on a table.", roles=JANUS_ROLES)["input_ids"][0].tolist()
     assert tokenizer.decode(plain) == "<bos>User: A red cube on a table.\n\nAssistant:<begin_of_image>"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The registry: a family is its folder plus one entry
+# ----------------------------------------------------------------------------------------------------------------------
+def test_the_registry_reads_without_torch():
+    """The names and help come from registry.py alone: loaded by path (no csd_kernels package run), it imports
+    neither torch nor transformers, so a torch-free command-line parser can list the models."""
+    import pathlib
+    import subprocess
+    import sys
+
+    from csd_kernels.models import registry
+
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('registry', {registry.__file__!r})\n"
+            "module = importlib.util.module_from_spec(spec); sys.modules['registry'] = module\n"
+            "spec.loader.exec_module(module)\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'numpy', 'csd_kernels') if m in sys.modules)\n"
+            "print(','.join(f.name for f in module.FAMILIES), heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["llamagen,lumina-mgpt,janus-pro,emu3,image-gpt", "[]"]
+    assert {f.name for f in registry.FAMILIES} >= {"llamagen", "lumina-mgpt", "janus-pro", "emu3"}
+    for family in registry.FAMILIES:  # every reference names real code, in the family's own folder
+        for ref in filter(None, (family.loader, family.adapter)):
+            assert callable(registry.resolve(ref)), (family.name, ref)
+            folder = ref.split(":")[0].split(".")[2]
+            assert (pathlib.Path(registry.__file__).parent / folder).is_dir(), ref
+
+
+def test_zoo_and_command_read_the_registry():
+    from csd_kernels import zoo
+    from csd_kernels.cli import commands
+    from csd_kernels.models import registry
+
+    families = [f.name for f in registry.FAMILIES if f.loader is not None]
+    assert zoo.MODEL_NAMES == ("digits", *families)
+    help_text = commands.build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
+    assert all(name in help_text for name in zoo.MODEL_NAMES)
+    with pytest.raises(ValueError, match="unknown model; choose from digits, llamagen"):
+        zoo.load("nothing")
+
+
+def test_a_new_family_is_one_entry(monkeypatch):
+    """A family added to FAMILIES alone is recognised by get_adapter and loaded by the zoo."""
+    from csd_kernels import zoo
+    from csd_kernels.models import registry
+
+    class ToyForImages:  # a model class no other family knows
+        pass
+
+    toy = registry.Family("toy", "a toy", loader=lambda device=None, **options: ("loaded", options),
+                          adapter=lambda model: ("adapter of", model), recognises=("ToyForImages",), hint="a toy")
+    model = ToyForImages()
+    with pytest.raises(ValueError, match="no csd_kernels adapter can drive a ToyForImages: pass a LlamaGen"):
+        get_adapter(model)
+    monkeypatch.setattr(registry, "FAMILIES", (*registry.FAMILIES, toy))
+    assert get_adapter(model) == ("adapter of", model)
+    assert registry.family_of(type("Derived", (ToyForImages,), {})()) is toy  # subclasses too, as isinstance would
+    monkeypatch.setattr(zoo, "MODELS", (*zoo.MODELS, toy))
+    assert zoo.load.__wrapped__("toy", weights="w") == ("loaded", {"weights": "w"})

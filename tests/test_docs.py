@@ -1,6 +1,7 @@
 """The README and docs/ cannot drift from the code: every code block marked ``<!-- docs-test: run -->`` (on the line
 before its fence) runs as written, in a scratch folder, with the ``csd`` command of this checkout; every relative
-link and anchor points at something that exists.
+link and anchor points at something that exists; every path of the repository (``csd_kernels/...``, ``tests/...``)
+and every module name (``csd_kernels.x.y``) a page names exists.
 
 Only blocks that run on a CPU in seconds without downloads are marked (the op example, the digits commands and
 Python); GPU and real-checkpoint blocks are left unmarked and never run here.
@@ -8,6 +9,8 @@ Python); GPU and real-checkpoint blocks are left unmarked and never run here.
 
 from __future__ import annotations
 
+import glob
+import importlib
 import os
 import re
 import subprocess
@@ -165,3 +168,120 @@ def test_a_broken_link_is_found(tmp_path, monkeypatch):
     (tmp_path / "a.md").write_text("# Title\n\n[ok](#title) [gone](b.md) [bad anchor](#nothing)\n"
                                    '<img src="c.png">\n')
     assert broken_links(tmp_path / "a.md") == ["b.md", "#nothing", "c.png"]
+
+
+# ---------------------------------------------------------------------------------------------------- named paths
+PATH_ROOTS = ("csd_kernels", "csrc", "tests", "benchmarks", "scripts", "examples", "python")
+# what a build or a run writes (the compiled extension, benchmark results; .gitignore): absent from a clean clone
+WRITTEN = ("csd_kernels/_C*.so", "csd_kernels._C", "benchmarks/results/")
+
+
+def named_paths(text: str) -> list[str]:
+    """Repository paths a page names (code blocks included), without a test id's ``::name`` or trailing stops;
+    a pattern (``tests/test_<family>.py``) is no path."""
+    found = re.findall(rf"(?<![\w./$-])((?:{'|'.join(PATH_ROOTS)})/[\w./*-]*)(<?)", text)
+    return sorted({path.rstrip(".:,-") for path, pattern in found if not pattern})
+
+
+def named_modules(text: str) -> list[str]:
+    return sorted(set(re.findall(r"(?<![\w./-])csd_kernels(?:\.[A-Za-z_]\w*)+", text)))
+
+
+def path_exists(path: str) -> bool:
+    return bool(glob.glob(str(ROOT / path))) if "*" in path else (ROOT / path).exists()
+
+
+def module_exists(dotted: str) -> bool:
+    """Whether ``dotted`` is a module of the package, or a name in one (``csd_kernels.models.ImageGPT``)."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        name = ".".join(parts[:end])
+        try:
+            found = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # a module the package imports is missing: not what this test checks
+                raise
+            continue
+        for attribute in parts[end:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+def written(name: str) -> bool:
+    return any(name == pattern or pattern.endswith("/") and name.startswith(pattern) for pattern in WRITTEN)
+
+
+def missing_names(page: Path) -> list[str]:
+    text = page.read_text()
+    return [path for path in named_paths(text) if not written(path) and not path_exists(path)] + \
+        [name for name in named_modules(text) if not written(name) and not module_exists(name)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
+def test_named_paths_exist(page):
+    assert missing_names(page) == []
+
+
+def test_a_missing_path_or_module_is_found(tmp_path):
+    page = tmp_path / "a.md"
+    page.write_text("See csd_kernels/ops/verify.py, tests/test_docs.py::test_slugs_follow_github, tests/test_<x>.py.\n"
+                    "```\npython benchmarks/nothing.py\n```\n"
+                    "Gone: csd_kernels/zoo/checkpoints.py, csd_kernels.models.NoSuchAdapter, csd_kernels.nothing.\n"
+                    "Here: csd_kernels.models.registry.get_adapter, csd_kernels/backends/triton/kernels/*.py.\n"
+                    "Written: csd_kernels/_C*.so, benchmarks/results/gpu.\n")
+    assert missing_names(page) == ["benchmarks/nothing.py", "csd_kernels/zoo/checkpoints.py",
+                                   "csd_kernels.models.NoSuchAdapter", "csd_kernels.nothing"]
+
+
+def layout_names(text: str) -> list[tuple[str, str]]:
+    """(root, name) for each file or folder name a layout line of a code block gives after its path
+    (``csd_kernels/models/   registry.py (...), janus/``; indented lines continue the line above)."""
+    text = "\n".join(block.code for block in code_blocks(Path("page.md"), text))
+    found, root = [], None
+    for line in text.splitlines():
+        start = re.match(rf"({'|'.join(PATH_ROOTS)})/\S*\s{{2,}}", line)
+        if start:
+            root = start.group(1)
+        elif not line.startswith(" " * 10):
+            root = None
+        if root:
+            described = line[start.end():] if start else line
+            names = re.findall(r"(?<![\w./-])([\w-]+\.(?:py|h|cuh|cpp|cu|sh)\b|[\w-]+/(?![\w.]))", described)
+            found += [(root, name) for name in names]
+    return found
+
+
+def missing_layout_names(page: Path) -> list[str]:
+    """Layout names with no file or folder of that name anywhere under their line's top-level folder."""
+    return [f"{root}/.../{name}" for root, name in layout_names(page.read_text())
+            if not any(path.name == name.rstrip("/") for path in (ROOT / root).rglob(name.rstrip("/")))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
+def test_layout_names_exist(page):
+    assert missing_layout_names(page) == []
+
+
+def test_a_stale_layout_line_is_found(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "csd_kernels" / "zoo" / "digits").mkdir(parents=True)
+    (tmp_path / "csd_kernels" / "zoo" / "__init__.py").write_text("")
+    page = tmp_path / "a.md"
+    page.write_text("```\ncsd_kernels/zoo/     the models: digits/ (shipped), checkpoints.py (local),\n"
+                    "                      __init__.py, gone/\nother text: nothing.py\n```\n")
+    assert missing_layout_names(page) == ["csd_kernels/.../checkpoints.py", "csd_kernels/.../gone/"]
+
+
+def test_the_layout_drawing_names_every_layer():
+    """docs/development.md draws the layers of tests/test_imports.py's MAY_IMPORT table."""
+    from test_imports import MAY_IMPORT
+
+    text = (ROOT / "docs" / "development.md").read_text()
+    drawing = code_blocks(ROOT / "docs" / "development.md", text[text.index("## Layout"):])[0].code
+    packages = {name for name in MAY_IMPORT if (ROOT / "csd_kernels" / name).is_dir()}
+    assert set(re.findall(r"(?<![\w./-])(\w+)/", drawing)) == packages
+    modules = {name for name in MAY_IMPORT if (ROOT / "csd_kernels" / f"{name}.py").is_file()} - {"__main__"}
+    assert all(f"{name}.py" in drawing for name in modules), modules

@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 
 from .. import __version__
-from ..constants import BACKENDS, COUPLINGS, MODEL_NAMES
+from ..constants import BACKENDS, COUPLINGS, SHIPPED_MODELS
 from ..decoding.config import DEFAULT_COUPLING, MODES, RULES, GenerationConfig, check, check_generate
+from ..models import registry
 
 __all__ = ["build_parser", "check_flags", "GENERATION_FLAGS", "add_model_options", "add_generation_options"]
 
@@ -29,8 +30,11 @@ def _help(name: str, text: str, default) -> str:
 
 
 def add_model_options(parser: argparse.ArgumentParser, device: bool = True) -> None:
-    """--model and the local checkpoint it runs (see csd_kernels.zoo.checkpoints)."""
-    parser.add_argument("--model", default="digits", help=f"one of {', '.join(MODEL_NAMES)} (default: digits)")
+    """--model (one of zoo.MODELS: the shipped models, then the registry's families with a loader) and the local
+    checkpoint it runs (see the family's models/<family>/command.py)."""
+    lines = [*SHIPPED_MODELS.items(), *((f.name, f.help) for f in registry.FAMILIES if f.loader is not None)]
+    models = ", ".join(f"{name} ({text})" for name, text in lines).replace("%", "%%")
+    parser.add_argument("--model", default="digits", help=f"one of {models} (default: digits)")
     parser.add_argument("--weights", help="llamagen: the GPT .pt; lumina-mgpt, janus-pro, emu3: the checkpoint folder "
                                           "(default: none; digits ships its weights)")
     parser.add_argument("--config", help="llamagen: the upstream model name (GPT-B, GPT-L, GPT-XL, ...) or a JSON file "

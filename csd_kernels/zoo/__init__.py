@@ -1,38 +1,27 @@
-"""The models the ``csd`` command drives, by name: the shipped digits model (``load("digits")``) and local checkpoints
-of the three families (``load("llamagen", weights=..., config=..., vq=...)``, ``load("lumina-mgpt", weights=DIR)``,
-``load("janus-pro", weights=DIR)``; :mod:`.checkpoints`).
+"""The models the ``csd`` command drives, by name (:data:`MODELS`): the ones shipped here (``load("digits")``), then
+the checkpoint families of :mod:`csd_kernels.models.registry` (``load("llamagen", weights=..., config=..., vq=...)``,
+``load("lumina-mgpt", weights=DIR)``, ``load("janus-pro", weights=DIR)``, ``load("emu3", weights=DIR)``; each
+family's command.py says what its options are).
 
-An entry bundles what the command needs besides the decoding loop: the model (an adapter :func:`csd_kernels.generate`
-drives), how prompts on the command line become generate() inputs, the sampling defaults of the family, and — where
-the model has one — a quality measure of generated images.
+A :class:`ZooModel` bundles what the command needs besides the decoding loop: the model (an adapter
+:func:`csd_kernels.generate` drives), how prompts on the command line become generate() inputs, the sampling defaults
+of the family, and — where the model has one — a quality measure of generated images.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 
-from ..constants import MODEL_NAMES
+from ..constants import SHIPPED_MODELS
 from ..decoding.config import GenerationConfig
+from ..models.registry import FAMILIES, Family, ZooModel
 
-__all__ = ["ZooModel", "MODEL_NAMES", "load", "describe_options"]
-
-
-@dataclass
-class ZooModel:
-    name: str
-    model: object  # an ImageAdapter (csd_kernels.models)
-    prompt_inputs: Callable[[list[str]], dict]  # prompts -> generate() inputs (input_ids [B, S], attention_mask)
-    defaults: GenerationConfig = field(default_factory=GenerationConfig)  # generate()'s settings for this model
-    quality: Optional[Callable[[torch.Tensor, list[str]], dict]] = None  # (tokens [B, H*W], prompts) -> metrics
-    # (prompts, seed) -> the same metrics for held-out real images of those prompts: the best a model can score
-    heldout_quality: Optional[Callable[[list[str], int], dict]] = None
-    prompt_help: str = ""
+__all__ = ["MODELS", "MODEL_NAMES", "ZooModel", "describe_options", "load"]
 
 
 def _no_options(name: str, options: dict) -> None:
@@ -114,11 +103,12 @@ def _digits_heldout_images(prompts: list[str], seed: int) -> torch.Tensor:
     return upsample(x8[[pools[c].pop() for c in labels]])
 
 
-def _loaders() -> dict:
-    from . import checkpoints
-
-    return {"digits": _digits, "llamagen": checkpoints.llamagen, "lumina-mgpt": checkpoints.lumina_mgpt,
-            "janus-pro": checkpoints.janus_pro, "emu3": checkpoints.emu3}
+# Every --model name, one entry each: the models shipped in zoo/, then the families with a command-line loader.
+MODELS = (
+    Family("digits", SHIPPED_MODELS["digits"], loader=_digits),
+    *(family for family in FAMILIES if family.loader is not None),
+)
+MODEL_NAMES = tuple(entry.name for entry in MODELS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -126,13 +116,13 @@ def load(name: str, *, device=None, **options) -> ZooModel:
     """The model ``name`` (loaded once per process and set of arguments) on ``device`` (default: its own).
 
     ``options``: ``weights``, ``config``, ``vq``, ``image_size``, ``size``, ``dtype`` where the family takes them
-    (see :mod:`.checkpoints`); ValueError with one line saying what is wrong (unknown name, missing file, a folder
+    (see the family's command.py); ValueError with one line saying what is wrong (unknown name, missing file, a folder
     that is not such a checkpoint, an option that does not apply).
     """
-    loaders = _loaders()
-    if name not in loaders:
+    entry = next((entry for entry in MODELS if entry.name == name), None)
+    if entry is None:
         raise ValueError(f"--model {name!r}: unknown model; choose from {', '.join(MODEL_NAMES)}")
-    return loaders[name](device=None if device is None else torch.device(device), **options)
+    return entry.load(device=None if device is None else torch.device(device), **options)
 
 
 def describe_options(options: dict) -> dict:

@@ -31,7 +31,7 @@ from ..protocol import to_uint8_images
 from ..row_end import RowEndLayout
 
 __all__ = ["EMU3_DEFAULTS", "EMU3_NEGATIVE_PROMPT", "EMU3_POSITIVE_SUFFIX", "Emu3Adapter", "emu3_grid", "emu3_prompt",
-           "load_emu3"]
+           "adapter_of", "load_emu3"]
 
 # BAAI's Emu3-Gen recipe (baaivision/Emu3 README, BAAI/Emu3 space image_generation.py): classifier-free guidance 3.0
 # with the negative prompt below, sampling with top-k 2048, temperature 1; the prompt gets the positive suffix.
@@ -100,6 +100,12 @@ def load_emu3(path: Union[str, os.PathLike], *, grid: Optional[tuple[int, int]] 
         raise ValueError(f"{path}: not a complete Emu3 checkpoint: missing tensors {missing[:12]}")
     model = model.to(device or "cpu").eval()
     return Emu3Adapter(model, emu3_grid() if grid is None else grid, negative_prompt_ids=negative_prompt_ids)
+
+
+def adapter_of(model):
+    """get_adapter's answer for a bare Emu3ForConditionalGeneration: it cannot guess the image grid."""
+    raise ValueError(f"an {type(model).__name__} needs its image grid: wrap it in "
+                     "csd_kernels.models.Emu3Adapter(model, grid, negative_prompt_ids=...) or use load_emu3(path)")
 
 
 class Emu3Adapter(RowEndLayout):  # the row-end layout of Lumina-mGPT

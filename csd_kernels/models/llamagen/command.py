@@ -1,0 +1,73 @@
+"""``csd --model llamagen``: a released class-conditional GPT from the command line.
+
+``weights`` = the GPT ``.pt`` (``c2i_B_256.pt``), ``config`` = its upstream name (``GPT-B``) or a JSON file of
+ModelArgs fields (optionally with ``"vq_config"`` and ``"downsample"``), ``image_size`` = its resolution (read from a
+``_256``/``_384`` in the file name when not given), ``vq`` = ``vq_ds16_c2i.pt`` for pixels. Prompts are ImageNet
+class ids. (Text-conditional LlamaGen needs T5 caption features: use the Python API, ``load_llamagen`` +
+``generate(prompt_embeds=...)``.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Optional
+
+import torch
+
+from ..loading import loading, placement, refuse_options, require_path
+from ..registry import ZooModel
+from .loader import load_llamagen
+
+__all__ = ["load"]
+
+
+def _config(config: Optional[str]) -> tuple:
+    """(GPT config, load_llamagen keywords) from a preset name or a JSON file of ModelArgs fields."""
+    if config is None:
+        raise ValueError("--config is required for llamagen: the upstream model name, e.g. GPT-B for c2i_B_256.pt")
+    if not config.endswith(".json"):
+        return config, {}
+    require_path(config, "--config", "JSON file of LlamaGen ModelArgs fields")
+    try:
+        with open(config, encoding="utf-8") as f:
+            fields = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--config {config}: not a JSON file of ModelArgs fields ({exc})") from exc
+    if not isinstance(fields, dict):
+        raise ValueError(f"--config {config}: expected a JSON object of ModelArgs fields")
+    extra = {key: fields.pop(key) for key in ("vq_config", "downsample") if key in fields}
+    return fields, extra
+
+
+def load(device=None, *, weights=None, config=None, vq=None, image_size=None, dtype=None, **options) -> ZooModel:
+    refuse_options("llamagen", **options)
+    require_path(weights, "--weights", "LlamaGen GPT checkpoint (.pt)")
+    if vq is not None:
+        require_path(vq, "--vq", "LlamaGen VQ checkpoint (.pt)")
+    gpt_config, extra = _config(config)
+    if image_size is None:
+        found = re.search(r"_(\d{3,4})(?=\D*$)", os.path.basename(weights))
+        if found is None:
+            raise ValueError(f"--image-size is required: {os.path.basename(weights)} does not name its resolution")
+        image_size = int(found.group(1))
+    device, torch_dtype = placement(device, dtype)
+    adapter = loading("--weights", weights, "LlamaGen checkpoint", lambda: load_llamagen(
+        weights, gpt_config, image_size=int(image_size), vq=vq, dtype=torch_dtype, device=device, **extra))
+    if adapter.args.model_type != "c2i":
+        raise ValueError("--model llamagen runs class-conditional checkpoints; text-conditional ones need T5 caption "
+                         "features (Python API: load_llamagen + generate(prompt_embeds=...))")
+    classes = adapter.args.num_classes
+
+    def parse(prompts: list[str]) -> dict:
+        ids = []
+        for prompt in prompts:
+            text = str(prompt).strip()
+            if not text.isdigit() or not 0 <= int(text) < classes:
+                raise ValueError(f"prompt {prompt!r}: LlamaGen c2i takes a class id 0..{classes - 1}")
+            ids.append([int(text)])
+        return {"input_ids": torch.tensor(ids, dtype=torch.long, device=device)}
+
+    return ZooModel("llamagen", adapter, parse, defaults=adapter.defaults,
+                    prompt_help=f"an ImageNet class id 0..{classes - 1}")
