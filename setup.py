@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 
 from setuptools import find_packages, setup
 
@@ -29,6 +30,11 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 BUILD_INPUTS = ("csrc", "python", "setup.py")  # what the extension is compiled from, relative to ROOT
 STAMP = os.path.join("csd_kernels", "_C.stamp")
 ZOO_MODELS = ("digits", "scenes")  # csd_kernels.zoo.<name>: code, weights/ (package data: no __init__.py) and README
+
+
+# setuptools' notice after every editable install (`pip install -e .`, scripts/install.sh) that a folder named like the
+# package in the working directory would be imported first: information on editable installs, nothing to fix here
+warnings.filterwarnings("ignore", message=r"Editable installation\.")
 
 
 def _cuda_wanted(torch, cuda_home):
