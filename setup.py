@@ -152,11 +152,16 @@ def _reusing_build_ext(base, torch_id):
                 self.mkpath(os.path.dirname(built))
                 shutil.copyfile(in_place, built)
 
-        def run(self):
-            super().run()  # builds, then copies into csd_kernels/ when in place (setup.py --inplace, pip install -e)
-            if self.inplace:
-                for name in self._compiled:  # one extension, csd_kernels._C, so one stamp
-                    write_stamp(ROOT, os.path.join(ROOT, self.get_ext_filename(name)), self._hashes[name])
+        def copy_extensions_to_source(self):
+            """In-place builds (setup.py --inplace, pip install -e) copy into csd_kernels/ what was compiled, and
+            stamp it; a reused extension is left as it is (rewriting a loaded .so can crash the process using it)."""
+            everything, self.extensions = self.extensions, [e for e in self.extensions if e.name in self._compiled]
+            try:
+                super().copy_extensions_to_source()
+            finally:
+                self.extensions = everything
+            for name in self._compiled:  # one extension, csd_kernels._C, so one stamp
+                write_stamp(ROOT, os.path.join(ROOT, self.get_ext_filename(name)), self._hashes[name])
 
     return ReusingBuildExt
 

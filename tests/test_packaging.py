@@ -147,11 +147,13 @@ def test_an_editable_build_reuses_the_extension_until_a_source_changes(tmp_path)
     """What `pip install -e .` (scripts/install.sh) asks setuptools for, run directly: with the extension current,
     no compiler run and no warning; with one C++ source changed, the compiler runs (the fake ninja, which fails)."""
     tree = _tree(tmp_path)
+    written = (tree / BUILT).stat().st_mtime_ns
     command = [sys.executable, "-c", "from setuptools import build_meta; build_meta.build_editable('../editable')"]
     current = _build(command, tree)
     output = current.stdout + current.stderr
     assert current.returncode == 0 and f"{BUILT} is current" in output, output[-5000:]
     assert _warnings(output) == []
+    assert (tree / BUILT).stat().st_mtime_ns == written  # not even copied over itself
     with open(tree / "csrc" / "cpu" / "verify.cpp", "a") as f:
         f.write("// changed\n")
     changed = _build(command, tree)
