@@ -83,12 +83,19 @@ def available_backends(device: Optional[torch.device | str] = None) -> list[str]
     return names
 
 
+def constant_under_compile(fn):
+    """``torch.compiler.assume_constant_result`` without importing torch._dynamo (half of ``import csd_kernels``'s
+    time, and triton with it): that decorator only sets this attribute, which test_import_cost.py compares."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 @functools.lru_cache(maxsize=None)  # what can run does not change within a process (imports are cached too)
 def _first_available(device_type: str, index) -> str:
     return available_backends(torch.device(device_type, index) if index is not None else torch.device(device_type))[0]
 
 
-@torch.compiler.assume_constant_result  # evaluated eagerly under torch.compile: imports are not traceable
+@constant_under_compile  # evaluated eagerly under torch.compile: imports are not traceable
 def select_backend(requested: Optional[str], device: torch.device) -> str:
     """The backend to run on ``device``: the requested one, else $CSD_KERNELS_BACKEND, else the first available."""
     source = "backend"
@@ -130,7 +137,7 @@ def _first_tree_backend(device: torch.device) -> str:
     return next(name for name in available_backends(device) + ["torch"] if tree_support(name)[0])
 
 
-@torch.compiler.assume_constant_result  # evaluated eagerly under torch.compile: imports are not traceable
+@constant_under_compile  # evaluated eagerly under torch.compile: imports are not traceable
 def select_tree_backend(requested: Optional[str], device: torch.device) -> str:
     """The backend that verifies trees on ``device``: as select_backend, among those with a tree verification."""
     if requested is None and not os.environ.get(ENV_BACKEND):
