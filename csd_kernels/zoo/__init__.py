@@ -69,6 +69,13 @@ def _digits(device: Optional[torch.device] = None, **options) -> ZooModel:
                     heldout_quality=heldout, prompt_help=f"a digit class 0..{NUM_CLASSES - 1}")
 
 
+def _scenes(device: Optional[torch.device] = None, **options) -> ZooModel:
+    _no_options("scenes", options)
+    from .scenes import zoo_model
+
+    return zoo_model(device)
+
+
 def _digits_quality(images: torch.Tensor, prompts: list[str]) -> dict:
     """Classifier accuracy and Fréchet distance to the train-split digits of the prompted classes."""
     from .digits import quality
@@ -114,11 +121,11 @@ def _digits_heldout_images(prompts: list[str], seed: int) -> torch.Tensor:
 def _loaders() -> dict:
     from . import checkpoints
 
-    return {"digits": _digits, "llamagen": checkpoints.llamagen, "lumina-mgpt": checkpoints.lumina_mgpt,
-            "janus-pro": checkpoints.janus_pro, "emu3": checkpoints.emu3}
+    return {"digits": _digits, "scenes": _scenes, "llamagen": checkpoints.llamagen,
+            "lumina-mgpt": checkpoints.lumina_mgpt, "janus-pro": checkpoints.janus_pro, "emu3": checkpoints.emu3}
 
 
-MODEL_NAMES = ("digits", "llamagen", "lumina-mgpt", "janus-pro", "emu3")
+MODEL_NAMES = ("digits", "scenes", "llamagen", "lumina-mgpt", "janus-pro", "emu3")
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,195 @@
+"""The scenes test-bed: the world, the adherence checker, the tokenizer round trip, the prompt grammar, the model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from csd_kernels.zoo.scenes import checker, world
+from csd_kernels.zoo.scenes.model import (
+    EMPTY_TOKEN_ID,
+    NULL_TOKEN_ID,
+    NUM_CODES,
+    PROMPT_LEN,
+    load_tokenizer,
+    prompt_ids,
+)
+from csd_kernels.zoo.scenes.tokenizer import TOKENS_PER_IMAGE
+
+torch.set_num_threads(1)
+
+
+def scenes(n: int, seed: int) -> list[world.Scene]:
+    rng = np.random.default_rng(seed)
+    return [world.sample_scene(rng) for _ in range(n)]
+
+
+# ----------------------------------------------------------------------------- the world
+def test_render_is_deterministic_from_the_seed():
+    a = [world.render(s) for s in scenes(20, seed=3)]
+    b = [world.render(s) for s in scenes(20, seed=3)]
+    c = [world.render(s) for s in scenes(20, seed=4)]
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    assert a[0].shape == (96, 96, 3) and a[0].dtype == np.uint8
+
+
+def test_scene_mix_covers_the_world():
+    s = scenes(600, seed=0)
+    counts = np.bincount([len(x.objects) for x in s], minlength=4)[1:]
+    assert counts.min() > 150  # 1, 2 and 3 objects uniformly (200 each expected)
+    objs = [o for x in s for o in x.objects]
+    assert {o.colour for o in objs} == set(world.COLOURS) and {o.shape for o in objs} == set(world.SHAPES)
+    assert {o.cell for o in objs} == set(range(9)) and {x.background for x in s} == set(world.BACKGROUNDS)
+    assert all(len({o.cell for o in x.objects}) == len(x.objects) for x in s)  # one object per cell
+    sizes = np.array([o.size for o in objs])
+    assert world.SIZE_RANGE[0] <= sizes.min() and sizes.max() <= world.SIZE_RANGE[1]
+
+
+def test_objects_stay_inside_their_cells():
+    for s in scenes(100, seed=1):
+        for o in s.objects:
+            row, col = divmod(o.cell, 3)
+            mask = world.shape_mask(o.shape, o.size * world.CELL, (row + 0.5) * world.CELL, (col + 0.5) * world.CELL)
+            ys, xs = np.nonzero(mask)
+            assert ys.min() >= row * world.CELL and ys.max() < (row + 1) * world.CELL
+            assert xs.min() >= col * world.CELL and xs.max() < (col + 1) * world.CELL
+
+
+def test_backgrounds_are_dark_and_unsaturated():
+    for s in scenes(60, seed=2):
+        bg = world.render(dataclasses.replace(s, objects=())).astype(float)
+        assert bg.mean() < 90 and np.abs(bg - bg.mean(-1, keepdims=True)).mean() < 10
+
+
+# ----------------------------------------------------------------------------- the prompt grammar
+def test_prompt_round_trip_and_cell_order():
+    p = world.parse_prompt("blue square center; Red circle top-left ; on noise")
+    assert p.objects == (("red", "circle", 0), ("blue", "square", 4)) and p.background == "noise"
+    assert world.parse_prompt(world.format_prompt(p)) == p
+    assert world.parse_prompt("white triangle bottom-right").background is None
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "COLOUR SHAPE CELL"),
+    ("purple circle top", "colour 'purple' is not one of"),
+    ("red hexagon top", "shape 'hexagon' is not one of"),
+    ("red circle middle", "cell 'middle' is not one of"),
+    ("red circle top; blue square top", "one object per cell"),
+    ("red circle top; on grass", "background 'grass' is not one of"),
+    ("red circle top; on flat; on noise", "background is given twice"),
+    ("on flat", "1 to 3 objects"),
+    ("a b c; d e f; g h i; j k l", "colour 'a'"),
+    ("red circle top; blue circle left; green circle right; white circle center", "1 to 3 objects"),
+    ("red circle", "is not 'COLOUR SHAPE CELL'"),
+])
+def test_prompt_errors_name_the_fault(text, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")) as e:
+        world.parse_prompt(text)
+    assert "\n" not in str(e.value)
+
+
+def test_prompt_tokens():
+    ids = prompt_ids(["red circle top-left; blue square center; on noise", "white triangle bottom-right"])
+    assert ids.shape == (2, PROMPT_LEN)
+    assert (ids >= NUM_CODES).all() and (ids != NULL_TOKEN_ID).all()
+    assert (ids[0] != EMPTY_TOKEN_ID).sum() == 7 and (ids[1] != EMPTY_TOKEN_ID).sum() == 4
+    assert not torch.equal(ids[0, :1], ids[1, :1])  # 'noise' vs no background
+    with pytest.raises(ValueError, match="colour 'pink'"):
+        prompt_ids(["pink circle top"])
+
+
+# ----------------------------------------------------------------------------- the checker
+def test_checker_reads_every_rendered_scene_exactly():
+    for s in scenes(150, seed=11):
+        found = checker.read_scene(world.render(s))
+        assert sorted(f.key() for f in found) == sorted(o.key() for o in s.objects), s
+        assert checker.adheres(world.render(s), s.prompt())
+    assert checker.adherence([world.render(s) for s in scenes(50, 12)], [s.prompt() for s in scenes(50, 12)]) == 1.0
+
+
+def test_checker_reads_the_background_kind():
+    s = scenes(150, seed=13)
+    right = np.mean([checker.background_kind(world.render(x)) == x.background for x in s])
+    assert right >= 0.98  # a gradient of nearly equal end colours reads as flat
+
+
+def _planted(s: world.Scene, how: str, rng: np.random.Generator) -> world.Scene:
+    objs = list(s.objects)
+    free = [c for c in range(9) if c not in {o.cell for o in objs}]
+    if how == "colour":
+        other = [c for c in world.COLOURS if c != objs[0].colour]
+        objs[0] = dataclasses.replace(objs[0], colour=other[int(rng.integers(len(other)))])
+    elif how == "shape":
+        other = [c for c in world.SHAPES if c != objs[0].shape]
+        objs[0] = dataclasses.replace(objs[0], shape=other[int(rng.integers(len(other)))])
+    elif how == "moved":
+        objs[0] = dataclasses.replace(objs[0], cell=free[int(rng.integers(len(free)))])
+    elif how == "missing":
+        objs = objs[1:]
+    elif how == "extra":
+        objs.append(world.Obj("white", "circle", free[0], 0.6))
+    elif how == "swapped":  # two objects trade colours
+        a, b = objs[0], objs[1]
+        objs[0], objs[1] = dataclasses.replace(a, colour=b.colour), dataclasses.replace(b, colour=a.colour)
+    return dataclasses.replace(s, objects=tuple(objs))
+
+
+@pytest.mark.parametrize("how", ["colour", "shape", "moved", "missing", "extra", "swapped"])
+def test_checker_rejects_planted_wrong_images(how):
+    rng = np.random.default_rng(5)
+    cases = [s for s in scenes(200, seed=17) if len(s.objects) >= 2 and
+             (how != "swapped" or s.objects[0].colour != s.objects[1].colour)][:30]
+    for s in cases:
+        wrong = world.render(_planted(s, how, rng))
+        assert not checker.adheres(wrong, s.prompt()), (how, s)
+
+
+def test_checker_refuses_a_wrong_image_shape():
+    with pytest.raises(ValueError, match=r"\[96, 96, 3\]"):
+        checker.read_scene(np.zeros((32, 32, 3), np.uint8))
+
+
+def test_frechet_separates_scenes_from_other_scenes():
+    prompts = [s.prompt() for s in scenes(120, seed=21)]
+    a = checker.features(checker.rendered_like(prompts, seed=1))
+    b = checker.features(checker.rendered_like(prompts, seed=2))
+    flat = [world.render(dataclasses.replace(s, background="flat", bg_colours=((40, 40, 40),)))
+            for s in scenes(120, seed=21)]
+    same, other = checker.frechet_distance(a, b), checker.frechet_distance(a, checker.features(flat))
+    assert same < 0.5 * other
+
+
+# ----------------------------------------------------------------------------- the tokenizer
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+def test_tokenizer_round_trip_keeps_adherence(tokenizer):
+    s = scenes(200, seed=31)
+    images = np.stack([world.render(x) for x in s])
+    codes = tokenizer.encode(images)
+    assert codes.shape == (200, TOKENS_PER_IMAGE) and tokenizer.num_codes == NUM_CODES >= 4096
+    back = tokenizer.decode(codes).numpy()
+    assert checker.adherence(back, [x.prompt() for x in s]) >= 0.97
+    assert np.mean([checker.background_kind(b) == x.background for b, x in zip(back, s)]) >= 0.95
+
+
+def test_tokenizer_spreads_noise_and_not_flat_backgrounds(tokenizer):
+    rng = np.random.default_rng(41)
+    noise = world.render(world.sample_scene(rng, background="noise"))
+    flat = world.render(world.sample_scene(rng, background="flat"))
+    # the texture spreads over hundreds of codes (the entropy of real low-detail regions), a flat colour over a few
+    assert tokenizer.encode(noise[None]).unique().numel() > 150
+    assert tokenizer.encode(flat[None]).unique().numel() < 40
+
+
+def test_tokenizer_refuses_bad_input(tokenizer):
+    with pytest.raises(ValueError, match="images must be"):
+        tokenizer.encode(np.zeros((1, 64, 64, 3), np.uint8))
+    with pytest.raises(ValueError, match="codes in 0..4095"):
+        tokenizer.decode(torch.full((1, TOKENS_PER_IMAGE), 4096))
