@@ -15,6 +15,7 @@ from csd_kernels.zoo.scenes.model import (
     NUM_CODES,
     PROMPT_LEN,
     load_tokenizer,
+    object_cells,
     prompt_ids,
 )
 from csd_kernels.zoo.scenes.tokenizer import TOKENS_PER_IMAGE
@@ -92,14 +93,24 @@ def test_prompt_errors_name_the_fault(text, message):
     assert "\n" not in str(e.value)
 
 
-def test_prompt_tokens():
+def test_prompt_tokens_put_each_object_at_its_cell():
     ids = prompt_ids(["red circle top-left; blue square center; on noise", "white triangle bottom-right"])
     assert ids.shape == (2, PROMPT_LEN)
     assert (ids >= NUM_CODES).all() and (ids != NULL_TOKEN_ID).all()
-    assert (ids[0] != EMPTY_TOKEN_ID).sum() == 7 and (ids[1] != EMPTY_TOKEN_ID).sum() == 4
-    assert not torch.equal(ids[0, :1], ids[1, :1])  # 'noise' vs no background
+    cells = ids[:, 1:] != EMPTY_TOKEN_ID
+    assert cells[0].nonzero().flatten().tolist() == [0, 4] and cells[1].nonzero().flatten().tolist() == [8]
+    assert torch.equal(object_cells(ids), cells)
+    assert len({int(ids[0, 1]), int(ids[0, 5]), int(ids[1, 9])}) == 3  # three different objects, three tokens
+    assert ids[0, 0] != ids[1, 0]  # 'noise' vs no background
+    assert not object_cells(torch.full((1, PROMPT_LEN), NULL_TOKEN_ID)).any()
     with pytest.raises(ValueError, match="colour 'pink'"):
         prompt_ids(["pink circle top"])
+
+
+def test_every_object_has_its_own_token():
+    tokens = {prompt_ids([f"{c} {s} center"])[0, 5].item() for c in world.COLOURS for s in world.SHAPES}
+    assert len(tokens) == len(world.COLOURS) * len(world.SHAPES)
+    assert all(NUM_CODES < t < EMPTY_TOKEN_ID for t in tokens)
 
 
 # ----------------------------------------------------------------------------- the checker

@@ -22,15 +22,17 @@ def llama_config(vocab_size: int, max_positions: int, attn_implementation: str =
                        pad_token_id=None, use_cache=True, attn_implementation=attn_implementation, **arch)
 
 
-def build_llama(vocab_size: int, max_positions: int, seed: int = 0, attn_implementation: str = "sdpa", **arch):
-    """A randomly initialised ``LlamaForCausalLM``, deterministic for ``seed`` (the global RNG is left as it was)."""
+def build_llama(vocab_size: int, max_positions: int, seed: int = 0, attn_implementation: str = "sdpa",
+                model_class=None, **arch):
+    """A randomly initialised ``LlamaForCausalLM`` (or ``model_class``, a subclass), deterministic for ``seed`` (the
+    global RNG is left as it was)."""
     from transformers import LlamaForCausalLM
 
     cfg = llama_config(vocab_size, max_positions, attn_implementation, **arch)
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        return LlamaForCausalLM(cfg)
+        return (model_class or LlamaForCausalLM)(cfg)
     finally:
         torch.random.set_rng_state(state)
 
@@ -46,8 +48,10 @@ def save_llama(lm, weights_dir: str | os.PathLike, dtype: torch.dtype = torch.fl
     save_file(sd, str(d / MODEL_FILE), metadata={"format": "pt", "stored_dtype": str(dtype)})
 
 
-def load_llama(weights_dir: str | os.PathLike, what: str, attn_implementation: str = "sdpa", dtype=torch.float32):
-    """Load a model written by :func:`save_llama`, in eval mode; every tensor must match the config."""
+def load_llama(weights_dir: str | os.PathLike, what: str, attn_implementation: str = "sdpa", dtype=torch.float32,
+               model_class=None):
+    """Load a model written by :func:`save_llama` (as ``model_class``, default ``LlamaForCausalLM``), in eval mode;
+    every tensor must match the config."""
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -58,7 +62,7 @@ def load_llama(weights_dir: str | os.PathLike, what: str, attn_implementation: s
     cfg_dict = json.loads(cfg_path.read_text())
     for k in ("_attn_implementation", "attn_implementation", "transformers_version", "architectures"):
         cfg_dict.pop(k, None)
-    lm = LlamaForCausalLM(LlamaConfig(**cfg_dict, attn_implementation=attn_implementation))
+    lm = (model_class or LlamaForCausalLM)(LlamaConfig(**cfg_dict, attn_implementation=attn_implementation))
     sd = {k: v.to(dtype) for k, v in load_file(str(w_path)).items()}
     missing, unexpected = lm.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not k.endswith("rotary_emb.inv_freq")]
