@@ -1,10 +1,12 @@
-"""The models the ``csd`` command drives, by name: the shipped digits model (``load("digits")``) and local checkpoints
+"""The models the ``csd`` command drives, by name: the shipped digits and scenes models (``load("digits")``,
+``load("scenes")``; ``load("scenes", weights=DIR)`` for a scenes model trained elsewhere) and local checkpoints
 of the three families (``load("llamagen", weights=..., config=..., vq=...)``, ``load("lumina-mgpt", weights=DIR)``,
 ``load("janus-pro", weights=DIR)``; :mod:`.checkpoints`).
 
 An entry bundles what the command needs besides the decoding loop: the model (an adapter :func:`csd_kernels.generate`
 drives), how prompts on the command line become generate() inputs, the sampling defaults of the family, and — where
-the model has one — a quality measure of generated images.
+the model has one — quality measures of generated images (``measures``: what each number is and which way is better,
+so that the frontier, the tables and the plots of ``csd sweep`` / ``csd compare`` follow the model).
 """
 
 from __future__ import annotations
@@ -17,7 +19,25 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-__all__ = ["ZooModel", "MODEL_NAMES", "load", "describe_options"]
+__all__ = ["Measure", "ZooModel", "MODEL_NAMES", "MEASURED_MODELS", "DIGITS_MEASURES", "load", "describe_options",
+           "measurement_prompts"]
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One quality number of a zoo model: ``quality(...)[name]``, shown as ``label`` (tables) and ``axis`` (plots)."""
+
+    name: str
+    label: str
+    higher_is_better: bool
+    axis: str  # what the number is, as a plot's axis says it
+    fmt: str = ".3f"  # table format of mean and std
+    log_scale: bool = False  # plot on a log axis (a distance: a collapsed setting is 100x worse than the rest)
+
+
+DIGITS_MEASURES = (Measure("accuracy", "accuracy", True, "classifier accuracy"),
+                   Measure("frechet", "Fréchet", False, "Fréchet distance to real digits", ".2f", log_scale=True))
+MEASURED_MODELS = ("digits", "scenes")  # the shipped models with quality measures (csd sweep)
 
 
 @dataclass
@@ -30,6 +50,8 @@ class ZooModel:
     # (prompts, seed) -> the same metrics for held-out real images of those prompts: the best a model can score
     heldout_quality: Optional[Callable[[list[str], int], dict]] = None
     prompt_help: str = ""
+    measures: tuple = ()  # the Measures quality() returns, in table order
+    ceiling_label: str = "held-out real images"  # what heldout_quality measures, as a table row names it
 
 
 def _no_options(name: str, options: dict) -> None:
@@ -66,14 +88,37 @@ def _digits(device: Optional[torch.device] = None, **options) -> ZooModel:
         return _digits_quality(_digits_heldout_images(prompts, seed), prompts)
 
     return ZooModel("digits", model, parse, defaults=dict(cfg_scale=DEFAULT_CFG), quality=measure,
-                    heldout_quality=heldout, prompt_help=f"a digit class 0..{NUM_CLASSES - 1}")
+                    heldout_quality=heldout, prompt_help=f"a digit class 0..{NUM_CLASSES - 1}",
+                    measures=DIGITS_MEASURES, ceiling_label="held-out real digits")
 
 
-def _scenes(device: Optional[torch.device] = None, **options) -> ZooModel:
+def _scenes(device: Optional[torch.device] = None, weights: Optional[str] = None, **options) -> ZooModel:
+    """The shipped scenes model, or (``weights=DIR``) a trained one: DIR holds config.json and model.safetensors
+    (and tokenizer.safetensors, else the shipped tokenizer)."""
     _no_options("scenes", options)
     from .scenes import zoo_model
 
-    return zoo_model(device)
+    return zoo_model(device, weights)
+
+
+def measurement_prompts(name: str, per_class: Optional[int] = None, images: Optional[int] = None) -> list[str]:
+    """The prompts a measurement of ``name`` generates (``csd sweep``): digits each class ``per_class`` times (default
+    8), scenes a fixed mix of ``images`` prompts (default 64; 1-3 objects uniformly, ``world.random_prompts(images,
+    seed=0)``). ValueError, one line, for a model without a quality measure or the flag that does not apply."""
+    if name == "digits":
+        if images is not None:
+            raise ValueError("--images does not apply to --model digits (its prompts are the ten classes): "
+                             "use --per-class N")
+        return [str(c) for c in range(10) for _ in range(8 if per_class is None else per_class)]
+    if name == "scenes":
+        if per_class is not None:
+            raise ValueError("--per-class does not apply to --model scenes (it has no classes; its prompts are a "
+                             "fixed mix): use --images N")
+        from .scenes import random_prompts
+
+        return random_prompts(64 if images is None else images, seed=0)
+    raise ValueError(f"--model {name}: a measurement needs a quality measure; "
+                     f"{' and '.join(MEASURED_MODELS)} have one")
 
 
 def _digits_quality(images: torch.Tensor, prompts: list[str]) -> dict:

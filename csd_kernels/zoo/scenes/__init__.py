@@ -16,18 +16,41 @@ __all__ = ["BACKGROUNDS", "CELLS", "COLOURS", "SHAPES", "DEFAULT_CFG", "parse_pr
            "zoo_model"]
 
 
-def zoo_model(device=None):
-    """The shipped scenes model as a :class:`csd_kernels.zoo.ZooModel` (adapter, prompt parser, defaults, quality)."""
+def zoo_model(device=None, weights=None):
+    """The shipped scenes model as a :class:`csd_kernels.zoo.ZooModel` (adapter, prompt parser, defaults, quality);
+    ``weights``: a folder with a trained model instead (config.json, model.safetensors; its tokenizer.safetensors if
+    it has one, else the shipped tokenizer). ValueError, one line, when the model's files are missing."""
+    from pathlib import Path
+
     from ...models import ImageGPT
-    from .. import ZooModel
-    from . import checker
-    from .model import NULL_TOKEN_ID, NUM_CODES, load_lm, load_tokenizer, prompt_ids
+    from .. import Measure, ZooModel
+    from .model import NULL_TOKEN_ID, NUM_CODES, TOKENIZER_FILE, WEIGHTS_DIR, load_lm, load_tokenizer
     from .tokenizer import GRID
 
-    tokenizer = load_tokenizer()
-    lm = load_lm() if device is None else load_lm().to(device)
+    folder = Path(WEIGHTS_DIR if weights is None else weights)
+    if not all((folder / f).is_file() for f in ("config.json", "model.safetensors")):
+        where = "the shipped weights are not in the package" if weights is None else "--weights"
+        raise ValueError(f"--model scenes: {where} ({folder} has no config.json and model.safetensors); train them "
+                         "with python -m csd_kernels.zoo.scenes.train --out DIR and pass --weights DIR")
+    tokenizer = load_tokenizer(folder if (folder / TOKENIZER_FILE).is_file() else None)
+    lm = load_lm(folder) if device is None else load_lm(folder).to(device)
     model = ImageGPT(lm, image_token_range=(0, NUM_CODES), grid=GRID, null_token_id=NULL_TOKEN_ID,
                      decode=lambda tokens: tokenizer.decode(tokens.cpu()))
+    parse, measure, ceiling = _prompts_and_quality(tokenizer, device)
+    measures = (Measure("adherence", "adherence", True, "prompt adherence (objects read from pixels)"),
+                Measure("frechet", "Fréchet", False, "Fréchet distance to rendered scenes of the prompts", ".2f",
+                        log_scale=True),
+                Measure("background_accuracy", "background", True, "background kind read from pixels"))
+    return ZooModel("scenes", model, parse, defaults=dict(cfg_scale=DEFAULT_CFG), quality=measure,
+                    heldout_quality=ceiling,
+                    prompt_help="objects 'COLOUR SHAPE CELL' separated by ';' and an optional 'on flat|gradient|noise'",
+                    measures=measures, ceiling_label="rendered scenes, tokenizer round trip")
+
+
+def _prompts_and_quality(tokenizer, device):
+    """(prompt parser, quality, ceiling) of a scenes model with ``tokenizer``."""
+    from . import checker
+    from .model import prompt_ids
 
     def parse(prompts: list[str]) -> dict:
         ids = prompt_ids(list(prompts))
@@ -41,6 +64,4 @@ def zoo_model(device=None):
         images = checker.rendered_like(prompts, seed + 10_000)
         return checker.scene_quality(tokenizer.decode(tokenizer.encode(images)).numpy(), prompts, seed)
 
-    return ZooModel("scenes", model, parse, defaults=dict(cfg_scale=DEFAULT_CFG), quality=measure,
-                    heldout_quality=ceiling,
-                    prompt_help="objects 'COLOUR SHAPE CELL' separated by ';' and an optional 'on flat|gradient|noise'")
+    return parse, measure, ceiling
