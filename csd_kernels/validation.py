@@ -136,6 +136,7 @@ RULES: dict[str, Rule] = {
     "batch_size": _int(1, MAX_IMAGES),
     "seeds": _int(1, 1000),
     "per_class": _int(1, 1000),
+    "images": _int(2, 100_000),  # sweep prompts of a model without classes (a Fréchet distance needs two)
     "workers": _int(1, 256),
     "num_threads": _int(1, 4096, optional=True),
     "image_size": _int(1, 65536, optional=True),

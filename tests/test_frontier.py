@@ -7,6 +7,7 @@ import pytest
 
 from csd_kernels import cli, frontier
 from csd_kernels.frontier import Setting
+from csd_kernels.zoo import DIGITS_MEASURES
 
 
 def _row(passes, accuracy, frechet, std=0.0):
@@ -58,11 +59,11 @@ def test_pareto_and_answers():
             "d": _row(100, 0.95, 9.0)}  # best quality
     grid = {"ar": Setting("ar", "ar"), "a": Setting("a", "csd", "maximal", 0.1, 0.3),
             "b": Setting("b", "sjd", "maximal"), "c": Setting("c", "gsd"), "d": Setting("d", "sjd", "gumbel")}
-    out = frontier.answers(rows, grid)
+    out = frontier.answers(rows, grid, DIGITS_MEASURES)
     assert out["pareto"] == ["c", "a", "d"]  # by passes; ar is dominated by d
     assert out["fast_inside_ar_band"] == ["a"]  # c is 4.3x but outside the band, d is 2.6x
     assert out["best_lossless"] == "b"  # the lossless setting with the fewest passes (d: 100, b: 90)
-    assert not frontier.inside_band(rows["b"], rows["ar"])
+    assert not frontier.inside_band(rows["b"], rows["ar"], DIGITS_MEASURES)
 
 
 def test_small_sweep(tmp_path):
@@ -96,7 +97,7 @@ def test_small_sweep(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--couplings", "maximal,best"], "--couplings best: expected one of"),
     (["--lambdas", "0,half"], "--lambdas: expected comma-separated numbers"),
-    (["--model", "llamagen"], "only digits has one"),
+    (["--model", "llamagen"], "only digits and scenes have one"),
     (["--model", "nope"], "unknown model"),
     (["--per-class", "0"], "--per-class 0: expected an int in [1, "),
     (["--trees", "3x2,3"], "--trees: expected comma-separated KxD"),

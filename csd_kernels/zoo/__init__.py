@@ -117,8 +117,8 @@ def measurement_prompts(name: str, per_class: Optional[int] = None, images: Opti
         from .scenes import random_prompts
 
         return random_prompts(64 if images is None else images, seed=0)
-    raise ValueError(f"--model {name}: a measurement needs a quality measure; "
-                     f"{' and '.join(MEASURED_MODELS)} have one")
+    raise ValueError(f"--model {name}: csd sweep needs a quality measure; only {' and '.join(MEASURED_MODELS)} "
+                     "have one")
 
 
 def _digits_quality(images: torch.Tensor, prompts: list[str]) -> dict:
