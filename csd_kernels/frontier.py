@@ -143,15 +143,15 @@ def sweep(model_name: str = "digits", per_class: int = 8, seeds=(0, 1, 2), worke
         raise ValueError(f"{len(prompts)} prompt(s): a sweep needs 2 images or more (the Fréchet distance is of a set)")
     jobs = [(s, seed) for s in grid for seed in seeds]
     begin = time.perf_counter()
+    heldout = None  # first: what it caches (the model, a feature basis) the forked workers inherit
+    if entry.heldout_quality:
+        heldout = summarise([{m.name: entry.heldout_quality(prompts, seed)[m.name] for m in entry.measures}
+                             for seed in seeds])
     with ProcessPoolExecutor(workers, initializer=_init_worker) as pool:
         done = list(pool.map(run_setting, [model_name] * len(jobs), *zip(*jobs), [prompts] * len(jobs),
                              [options] * len(jobs)))
     by_label = {s.label: s for s in grid}
     rows = {label: summarise([r for (s, _), r in zip(jobs, done) if s.label == label]) for label in by_label}
-    heldout = None
-    if entry.heldout_quality:
-        heldout = summarise([{m.name: entry.heldout_quality(prompts, seed)[m.name] for m in entry.measures}
-                             for seed in seeds])
     return {"model": model_name, "model_options": zoo.describe_options(options),
             "per_class": None if given else per_class, "images": len(prompts), "seeds": list(seeds), "batch": BATCH,
             "seconds": round(time.perf_counter() - begin, 1), "workers": workers,
