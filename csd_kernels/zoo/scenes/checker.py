@@ -24,8 +24,8 @@ COLOUR_RADIUS = 80.0  # RGB distance to a palette colour within which a pixel is
 _PALETTE = np.array(list(COLOURS.values()), np.float64)
 _NAMES = list(COLOURS)
 
-__all__ = ["Found", "read_scene", "adheres", "adherence", "background_kind", "features", "frechet_distance",
-           "scene_quality"]
+__all__ = ["Found", "read_scene", "object_mask", "adheres", "adherence", "background_kind", "features",
+           "frechet_distance", "scene_quality"]
 
 
 @dataclass(frozen=True)
@@ -62,14 +62,28 @@ def _name_shape(mask: np.ndarray) -> tuple[str, float]:
     return best, best_iou
 
 
-def read_scene(image) -> list[Found]:
-    """The objects of one image [96, 96, 3] (uint8 or floats in 0..255), in reading order of their cells."""
+def _segments(image) -> tuple[np.ndarray, int, np.ndarray]:
+    """(labels [H, W], count, nearest palette colour [H, W]) of the 8-connected components of object-coloured pixels."""
     from scipy import ndimage
 
     px = _check_image(image)
     dist = np.linalg.norm(px[:, :, None, :] - _PALETTE[None, None], axis=-1)  # [H, W, 8]
     nearest, object_px = dist.argmin(-1), dist.min(-1) < COLOUR_RADIUS
     labels, n = ndimage.label(object_px, structure=np.ones((3, 3), bool))
+    return labels, n, nearest
+
+
+def object_mask(image) -> np.ndarray:
+    """bool [96, 96]: the pixels of the objects :func:`read_scene` finds (components of at least MIN_AREA pixels)."""
+    labels, n, _ = _segments(image)
+    kept = np.bincount(labels.ravel(), minlength=n + 1) >= MIN_AREA
+    kept[0] = False  # label 0: no object colour
+    return kept[labels]
+
+
+def read_scene(image) -> list[Found]:
+    """The objects of one image [96, 96, 3] (uint8 or floats in 0..255), in reading order of their cells."""
+    labels, n, nearest = _segments(image)
     found = []
     for i in range(1, n + 1):
         mask = labels == i
