@@ -143,6 +143,18 @@ def test_digits_outputs_are_unchanged_by_the_measures():
         "(1 process(es); wall s = generation seconds summed over ranks; speed-up = ar passes / passes per image)")
 
 
+def test_compare_table_takes_the_models_measures():
+    """Scenes' columns; a measure a run could not give (no background named in the prompt) is a dash, not a crash."""
+    up, down, bg = (Measure("adherence", "adherence", True, "a"), Measure("frechet", "Fréchet", False, "f", ".2f"),
+                    Measure("background_accuracy", "background", True, "b"))
+    r = lambda mean: {"mean": mean, "std": 0.0}  # noqa: E731
+    results = {"ar": {"passes": r(576.0), "wall": r(9.0), "distortion": r(0.0), "adherence": r(0.75),
+                      "frechet": r(3.5), "speedup": 1.0}}
+    table = cli.format_compare(results, (up, down, bg)).splitlines()
+    assert table[0].split()[-3:] == ["adherence", "Fréchet", "background"]
+    assert table[2].split()[-3:] == ["0.750±0.000", "3.50±0.00", "-"]
+
+
 def test_band_and_pareto_follow_the_measures():
     """Three measures, two directions: a setting outside ar's band on any one of them is outside; the Pareto set and
     csd against gsd by every measure."""
