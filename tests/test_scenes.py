@@ -204,3 +204,71 @@ def test_tokenizer_refuses_bad_input(tokenizer):
         tokenizer.encode(np.zeros((1, 64, 64, 3), np.uint8))
     with pytest.raises(ValueError, match="codes in 0..4095"):
         tokenizer.decode(torch.full((1, TOKENS_PER_IMAGE), 4096))
+
+
+# ----------------------------------------------------------------------------- the shipped model
+@pytest.fixture(scope="module")
+def entry():
+    from csd_kernels import zoo
+
+    return zoo.load("scenes")
+
+
+PROMPTS = ["red circle top-left; blue square center; on noise", "yellow triangle bottom-right; on flat"]
+
+
+@pytest.mark.parametrize("mode", ["ar", "jd", "sjd", "gsd", "csd"])
+def test_the_shipped_model_generates_576_tokens_in_every_mode(entry, mode):
+    from csd_kernels import generate
+
+    out = generate(entry.model, **entry.prompt_inputs(PROMPTS[:1]), mode=mode, seed=0, **entry.defaults)
+    assert out.tokens.shape == (1, TOKENS_PER_IMAGE) and int(out.tokens.max()) < NUM_CODES
+    assert out.forward_passes <= TOKENS_PER_IMAGE
+    assert entry.model.decode(out.tokens).shape == (1, 96, 96, 3)
+
+
+def test_greedy_csd_equals_greedy_ar_on_scenes(entry):
+    from csd_kernels import generate
+
+    kw = dict(**entry.prompt_inputs(PROMPTS), seed=0, temperature=0, cfg_scale=entry.defaults["cfg_scale"])
+    ar, csd = generate(entry.model, mode="ar", **kw), generate(entry.model, mode="csd", **kw)
+    assert torch.equal(ar.tokens, csd.tokens)
+    assert csd.forward_passes < ar.forward_passes
+
+
+LAW_ROWS = 2000
+
+
+def _first_tokens(entry, mode, seed, **kw) -> torch.Tensor:
+    """[LAW_ROWS, 3]: the first three tokens (top-k 8 each) of a noise-background prompt, one row per seed."""
+    from csd_kernels import generate
+    from csd_kernels.models import ImageGPT
+    from csd_kernels.zoo.scenes.model import NULL_TOKEN_ID as null
+
+    corner = ImageGPT(entry.model.lm, image_token_range=(0, NUM_CODES), grid=(1, 3), null_token_id=null)
+    ids = prompt_ids(["white circle center; on noise"]).expand(LAW_ROWS, -1)
+    return generate(corner, ids, mode=mode, window=3, top_k=8, seed=torch.arange(LAW_ROWS) + seed, **kw).tokens
+
+
+def _joint(a: torch.Tensor, b: torch.Tensor):
+    """The two samples' outcomes as indices: per position the rank of the code among those either sample shows
+    (top-k 8 keeps ties, so a position may show a ninth), then the joint index; with the positions' sizes."""
+    ranks, sizes = [], []
+    for j in range(3):
+        seen = torch.cat([a[:, j], b[:, j]]).unique()
+        ranks.append((torch.searchsorted(seen, a[:, j]).numpy(), torch.searchsorted(seen, b[:, j]).numpy()))
+        sizes.append(len(seen))
+    joint = [(r0 * sizes[1] + r1) * sizes[2] + r2 for r0, r1, r2 in zip(*ranks)]
+    return joint, ranks, sizes
+
+
+def test_sjd_law_equals_ar_law_on_scenes(entry):
+    """Two-sample chi-square on the joint law of the first three tokens and on each one's marginal (the test of
+    tests/test_decoding.py, whose lossy controls show it catching real losses). Power: with 2000 rows a TVD of 0.05
+    moved between two cells of probability 1/8 has noncentrality 40 on 7 df (power 0.97 at alpha 1e-3)."""
+    from test_decoding import _two_sample_p
+
+    ar = _first_tokens(entry, "ar", seed=10**6)
+    (x, y), ranks, sizes = _joint(ar, _first_tokens(entry, "sjd", seed=0, coupling="maximal"))
+    p = min(_two_sample_p(x, y, int(np.prod(sizes))), *(_two_sample_p(*r, n) for r, n in zip(ranks, sizes)))
+    assert p > 1e-3
