@@ -2,7 +2,7 @@
 
     python benchmarks/bench_verify.py [--device cuda] [--backends cpu torch] [--quick] [--out benchmarks/results]
 
-pytest-benchmark cases (csd_kernels/bench_cases.py: per shape, the read-once floor, the CSD authors' loop and every
+pytest-benchmark cases (csd_kernels/bench/cases.py: per shape, the read-once floor, the CSD authors' loop and every
 backend), their raw JSON in OUT/benchmark.json, and from it a table and verify.json / verify.csv / verify.png: time
 per call, its ratio to reading the inputs once and its speed-up over the authors' per-position Python loop.
 """

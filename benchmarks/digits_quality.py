@@ -79,7 +79,7 @@ class Judges:
     def __init__(self):
         from sklearn.neighbors import KNeighborsClassifier
 
-        x_tr, x_te, y_tr, y_te = quality._data_split()
+        x_tr, x_te, y_tr, y_te = quality.data_split()
         self.train8, self.heldout8, self.heldout_labels = quality._round_trip8(x_tr), quality._round_trip8(x_te), y_te
         self.all8 = np.concatenate([self.train8, self.heldout8])
         self.cnn = train_cnn(x_tr, y_tr)

@@ -35,7 +35,7 @@ from csd_kernels.zoo.digits import (
 
 def real_digits(num: int) -> tuple[torch.Tensor, np.ndarray]:
     """``num`` held-out real digits (classes 0, 1, 2, ... in turn) at 32x32."""
-    _, x_te, _, y_te = quality._data_split()
+    _, x_te, _, y_te = quality.data_split()
     picks = [int(np.flatnonzero(y_te == c % 10)[c // 10]) for c in range(num)]
     return upsample(x_te[picks]), y_te[picks]
 

@@ -5,7 +5,7 @@
 ar, sjd (independent / maximal / gumbel next drafts), gsd, and csd over λ ∈ {0, 0.05, 0.1, 0.25, 0.5, 1} ×
 τ ∈ {0.3, 0.65, 1} × coupling {independent, maximal}; 8 images of each class per seed, seeds 0-4 (five, so that
 ar's seed-to-seed spread, the band, is itself measured), batches of 16. Writes docs/img/digits_frontier.{json,csv,
-png}; see csd_kernels/frontier.py for what is measured.
+png}; see csd_kernels/bench/frontier.py for what is measured.
 """
 
 import sys

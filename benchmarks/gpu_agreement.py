@@ -1,6 +1,8 @@
 """How often do the backends disagree on a token? Triton (GPU) vs CUDA (GPU) vs the C++ CPU backend, same seeds.
 
     python benchmarks/gpu_agreement.py [--positions 1048576] [--vocab 4096] [--out DIR]
+    python benchmarks/gpu_agreement.py --device cpu --positions 256 --vocab 64 --rows-per-chunk 8 --cpu
+                                       (a CPU stand-in: the C++ CPU backend against the torch reference)
 
 GPU calls see --rows-per-call rows each (the split path at the default); the CPU backend verifies whole chunks.
 Inputs are Jacobi-like (q = p of slightly perturbed logits, so the CSD gate is open and a(x) is often near u), the
@@ -20,12 +22,12 @@ import torch
 import csd_kernels as ck
 
 
-def make_chunk(rows, length, vocab, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    cond = (2 * torch.randn(rows, length, vocab, generator=g, device="cuda")).to(torch.bfloat16)
-    uncond = (2 * torch.randn(rows, length, vocab, generator=g, device="cuda")).to(torch.bfloat16)
+def make_chunk(rows, length, vocab, seed, device):
+    g = torch.Generator(device=device).manual_seed(seed)
+    cond = (2 * torch.randn(rows, length, vocab, generator=g, device=device)).to(torch.bfloat16)
+    uncond = (2 * torch.randn(rows, length, vocab, generator=g, device=device)).to(torch.bfloat16)
     mixed = uncond.float() + 5.0 * (cond.float() - uncond.float())
-    q = torch.softmax(mixed + 0.5 * torch.randn(mixed.shape, generator=g, device="cuda"), -1)
+    q = torch.softmax(mixed + 0.5 * torch.randn(mixed.shape, generator=g, device=device), -1)
     drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).reshape(rows, length)
     return cond, uncond, q, drafts
 
@@ -39,11 +41,14 @@ def main():
     parser.add_argument("--rows-per-call", type=int, default=16,
                         help="GPU calls see this many rows (16 x L = 256 positions: the split path on an H100/H200)")
     parser.add_argument("--cpu", action="store_true", help="include the C++ CPU backend (inputs copied to the host)")
+    parser.add_argument("--device", default="cuda", help="cpu: a stand-in run (the torch reference is a backend)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    backends = [b for b in ck.available_backends("cuda") if b != "torch"]
+    device = torch.device(args.device)
+    # on a GPU the torch reference is too slow for 2^20 positions; on the CPU it is the other side of the comparison
+    backends = [b for b in ck.available_backends(device) if b != "torch" or device.type == "cpu"]
     backends += ["cuda-split"] if "cuda" in backends else []  # the CUDA backend with CSD_KERNELS_CUDA_SPLIT=1
-    if args.cpu:
+    if args.cpu and "cpu" not in backends:
         backends.append("cpu")
     length, vocab = args.length, args.vocab
     chunks = -(-args.positions // (args.rows_per_chunk * length))
@@ -54,9 +59,9 @@ def main():
     positions = rows = 0
     begin = time.time()
     for c in range(chunks):
-        cond, uncond, q, drafts = make_chunk(args.rows_per_chunk, length, vocab, seed=c)
+        cond, uncond, q, drafts = make_chunk(args.rows_per_chunk, length, vocab, seed=c, device=device)
         # one seed per row: a row's streams do not depend on which call (or batch position) verifies it
-        seeds = torch.arange(args.rows_per_chunk, device="cuda") + 1_000_000 * c
+        seeds = torch.arange(args.rows_per_chunk, device=device) + 1_000_000 * c
         kwargs = dict(cfg_scale=5.0, rule="csd", offset=c, return_probs=False, **variants[c % len(variants)])
         out = {}
         for name in backends:
@@ -81,7 +86,8 @@ def main():
             diff_rows[f"{a}-{b}"] += int(((ta != tb).any(-1) | (la != lb)).sum())
         positions += args.rows_per_chunk * length
         rows += args.rows_per_chunk
-    summary = {"device": torch.cuda.get_device_name(), "vocab": vocab, "length": length, "positions": positions,
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    summary = {"device": device_name, "vocab": vocab, "length": length, "positions": positions,
                "rows": rows, "differing_positions": diff_pos, "differing_rows": diff_rows,
                "seconds": round(time.time() - begin, 1)}
     for key in diff_pos:

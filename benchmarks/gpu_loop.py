@@ -6,16 +6,20 @@
     python benchmarks/gpu_loop.py all --device cpu --tiny   a dry run of every stage on the CPU (tiny models)
 
 Stages (benchmarks/gpu_check.sh runs each under ``timeout``; results are printed as they come and written to
-DIR/gpu_loop_<stage>.json after every case, so a timed-out stage still leaves what it measured):
+DIR/gpu_loop_<stage>.json after every case, so a timed-out stage still leaves what it measured). ``--budget S``:
+no case is started once the stage has run S seconds (the rest is listed as not run), so a stage sized under its
+``timeout`` ends on its own with what it measured, most telling cases first. ``--fixtures`` / ``--modes`` /
+``--temperatures`` narrow tokens, ``--models`` / ``--batches`` / ``--modes`` / ``--loops`` narrow speed.
 
 * tokens: the tiny ImageGPT / Janus / Lumina-mGPT / LlamaGen fixtures of tests/, greedy in every mode with the eager,
   static and static + CUDA-graph loops on the device against the eager loop on the CPU (must be equal), and sampled
   (T = 1) with the torch backend on both sides (equal unless the devices' float rounding flips a draw: reported).
 * syncs: host syncs per iteration of each loop under ``torch.cuda.set_sync_debug_mode("warn")`` (the static loop:
   inside the iterations, and in the lagged flag read).
-* speed: the digits model (its shipped weights), then a Janus-Pro-7B-shaped Janus (30 layers, hidden 4096, 576
-  tokens) and LlamaGen GPT-L c2i 24 x 24 with random bf16 weights, B = 1 and 8, ar and the speculative modes, loops
-  static + graph / static / eager (in that order): first-call seconds (Triton specialisations and graph capture
+* speed: a Janus-Pro-7B-shaped Janus (30 layers, hidden 4096, 576 tokens, random bf16 weights), the digits model
+  (its shipped weights) and LlamaGen GPT-L c2i 24 x 24 (random bf16 weights), in that order; per model and batch
+  (B = 1 and 8) the loops static + graph / static / eager (in that order), each with ar and the speculative modes
+  (ar first: the baseline every target divides by): first-call seconds (Triton specialisations and graph capture
   included), then a second call timed (unless the first took over SLOW_FIRST_CALL_S: then the first is reported):
   seconds per image and per iteration, and the GPU-busy fraction (kernel time / wall, from torch.profiler's CUDA
   activity). Random weights make pass counts meaningless; per-iteration cost is what they measure.
@@ -46,6 +50,26 @@ def _loops(device: torch.device) -> dict:
     return {k: v for k, v in LOOPS.items() if device.type == "cuda" or not v.get("cuda_graph")}
 
 
+class Budget:
+    """Whether a stage may start another case: not once it has run ``seconds`` (None: no limit)."""
+
+    def __init__(self, seconds: Optional[float]):
+        self.seconds, self.begin, self.skipped = seconds, time.perf_counter(), []
+
+    def allows(self, case: str) -> bool:
+        if self.seconds is None or time.perf_counter() - self.begin < self.seconds:
+            return True
+        self.skipped.append(case)
+        return False
+
+    def report(self, stage: str, results: list, out_dir) -> None:
+        """Lists the cases not run in the log and, as {"not_run": case} rows, in the stage's JSON."""
+        if self.skipped:
+            print(f"{stage}: budget of {self.seconds:g} s spent, {len(self.skipped)} cases not run: "
+                  f"{', '.join(self.skipped[:6])}{' ...' if len(self.skipped) > 6 else ''}", flush=True)
+            _save(out_dir, stage, results + [dict(not_run=case) for case in self.skipped])
+
+
 def _save(out_dir, stage: str, results) -> None:
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
@@ -65,8 +89,8 @@ def tiny_fixtures() -> dict:
     from csd_kernels.models.llamagen.gpt import ModelArgs, Transformer
 
     lm = conftest.build_tiny_llama(24, seed=0, init=0.5)
-    janus = conftest.tiny_janus.__wrapped__()
-    chameleon = conftest.tiny_chameleon.__wrapped__()
+    janus = conftest.build_tiny_janus()
+    chameleon = conftest.build_tiny_chameleon()
     gpt = Transformer(ModelArgs(**tiny.GPT_CONFIGS["c2i"]))
     gpt.load_state_dict(tiny.seeded_state_dict({k: v.shape for k, v in gpt.state_dict().items()}))
     gpt.eval()
@@ -82,16 +106,22 @@ def tiny_fixtures() -> dict:
     }
 
 
-def stage_tokens(device: torch.device, out_dir) -> bool:
+def stage_tokens(device: torch.device, out_dir, fixtures=None, modes=MODES_ALL, temperatures=(0.0, 1.0),
+                 budget: Optional[float] = None) -> bool:
     from csd_kernels import generate
 
     cpu = torch.device("cpu")
-    results, ok = [], True
-    for name, (make, prompt, cfg) in tiny_fixtures().items():
-        on_cpu, on_device = make(cpu), make(device)
-        dev_prompt = {k: v.to(device) for k, v in prompt.items()}
-        for mode in MODES_ALL:
-            for temperature, backend in ((0.0, None), (1.0, "torch")):
+    results, ok, clock = [], True, Budget(budget)
+    chosen = {name: fixture for name, fixture in tiny_fixtures().items() if not fixtures or name in fixtures}
+    adapters = {name: (make(cpu), make(device)) for name, (make, _, _) in chosen.items()}
+    for temperature in temperatures:  # greedy (must be equal) of every fixture before the sampled comparisons
+        for name, (_, prompt, cfg) in chosen.items():
+            on_cpu, on_device = adapters[name]
+            dev_prompt = {k: v.to(device) for k, v in prompt.items()}
+            for mode in modes:
+                if not clock.allows(f"{name}/{mode}/T={temperature:g}"):
+                    continue
+                backend = None if temperature == 0 else "torch"  # sampled: the same backend on both sides
                 kw = dict(mode=mode, window=5, cfg_scale=cfg, temperature=temperature, seed=3, backend=backend)
                 want = generate(on_cpu, **prompt, **kw).tokens
                 for loop, extra in _loops(device).items():
@@ -104,7 +134,9 @@ def stage_tokens(device: torch.device, out_dir) -> bool:
                     print(f"tokens {name:9s} {mode:4s} T={temperature:g} {loop:13s} agree {agree:.3f}{flag}",
                           flush=True)
                 _save(out_dir, "tokens", results)
-    print("tokens:", "greedy equal everywhere" if ok else "GREEDY MISMATCH")
+    clock.report("tokens", results, out_dir)
+    print("tokens:", "GREEDY MISMATCH" if not ok else "greedy equal in every case run" if clock.skipped else
+          "greedy equal everywhere")
     return ok
 
 
@@ -227,10 +259,11 @@ def real_models(device: torch.device, tiny: bool) -> dict:
     from csd_kernels.zoo.digits import DEFAULT_CFG, prompt_ids
 
     return {
-        # the shipped weights (float32): the target "csd's seconds per image <= 1/3 of graph-captured ar's"
-        "digits": (digits, lambda b: prompt_ids([i % 10 for i in range(b)]), DEFAULT_CFG, {}),
+        # the target "a W = 16 speculative iteration <= 1.2x a graph-captured ar step" is set at this shape
         "janus_pro_7b_shape": (lambda: JanusAdapter(loop_shapes.janus_pro_7b(device, dtype)), loop_shapes.janus_prompt,
                                5.0, {}),
+        # the shipped weights (float32): the target "csd's seconds per image <= 1/3 of graph-captured ar's"
+        "digits": (digits, lambda b: prompt_ids([i % 10 for i in range(b)]), DEFAULT_CFG, {}),
         "llamagen_gpt_l_c2i_24x24": (lambda: loop_shapes.llamagen_gpt_l(device, dtype), loop_shapes.llamagen_prompt,
                                      4.0, {}),
     }
@@ -240,19 +273,23 @@ SLOW_FIRST_CALL_S = 8.0  # a first call this slow is not repeated: its time (Tri
 
 
 def stage_speed(device: torch.device, out_dir, tiny: bool, batches: list[int], modes: list[str],
-                models: Optional[list[str]] = None) -> bool:
+                 models: Optional[list[str]] = None, loops: Optional[list[str]] = None,
+                 budget: Optional[float] = None) -> bool:
     from csd_kernels import generate
 
-    results = []
-    loops = dict(reversed(list(_loops(device).items())))  # static+graph first: the figures that matter most
+    results, clock = [], Budget(budget)
+    order = dict(reversed(list(_loops(device).items())))  # static+graph first: the figures that matter most
+    chosen = {k: v for k, v in order.items() if not loops or k in loops}
     for name, (make_adapter, make_prompt, cfg, defaults) in real_models(device, tiny).items():
-        if models and name not in models:
+        if (models and name not in models) or not clock.allows(f"{name} (every case)"):
             continue
         adapter = make_adapter()
         for batch in batches:
             ids = make_prompt(batch).to(device)
-            for mode in modes:
-                for loop, extra in loops.items():
+            for loop, extra in chosen.items():
+                for mode in modes:
+                    if not clock.allows(f"{name}/B={batch}/{loop}/{mode}"):
+                        continue
                     kw = dict(defaults, mode=mode, window=16, cfg_scale=cfg, temperature=1.0, seed=0, **extra)
 
                     def call():
@@ -273,6 +310,7 @@ def stage_speed(device: torch.device, out_dir, tiny: bool, batches: list[int], m
         adapter = None  # free the model before the next one is built
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    clock.report("speed", results, out_dir)
     return True
 
 
@@ -282,21 +320,31 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="speed on the tests' tiny models (a CPU dry run)")
     parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--modes", default="ar,csd,sjd", help="speed: ar first (the baseline every target divides by)")
+    parser.add_argument("--modes", default=None,
+                        help="comma-separated; tokens: every mode, speed: ar,csd,sjd (ar first: the baseline every "
+                             "target divides by)")
     parser.add_argument("--models", default=None, help="speed: a comma-separated subset of the models")
+    parser.add_argument("--loops", default=None, help="speed: a comma-separated subset of " + ",".join(LOOPS))
+    parser.add_argument("--fixtures", default=None, help="tokens: a comma-separated subset of the tiny fixtures")
+    parser.add_argument("--temperatures", default="0,1", help="tokens: 0 (greedy: must be equal) and/or 1")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds per stage after which no further case is started")
     parser.add_argument("--out", default=None, help="folder for gpu_loop_<stage>.json")
     args = parser.parse_args()
+    split = lambda text: text.split(",") if text else None  # noqa: E731
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device (use --device cpu --tiny for a dry run)")
     ok = True
     if args.stage in ("tokens", "all"):
-        ok &= stage_tokens(device, args.out)
+        ok &= stage_tokens(device, args.out, split(args.fixtures), split(args.modes) or MODES_ALL,
+                           [float(t) for t in args.temperatures.split(",")], args.budget)
     if args.stage in ("syncs", "all"):
         ok &= stage_syncs(device, args.out)
     if args.stage in ("speed", "all"):
         ok &= stage_speed(device, args.out, args.tiny, [int(b) for b in args.batches.split(",")],
-                          args.modes.split(","), args.models.split(",") if args.models else None)
+                          split(args.modes) or ["ar", "csd", "sjd"], split(args.models), split(args.loops),
+                          args.budget)
     sys.exit(0 if ok else 1)
 
 

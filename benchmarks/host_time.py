@@ -155,7 +155,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     import csd_kernels as ck
-    from csd_kernels import triton_verify
+    from csd_kernels.backends.triton import verify as triton_verify
 
     device = "cuda" if args.cuda else "cpu"
     if not args.cuda:  # the stub driver stands in for CUDA: let the triton backend take CPU tensors

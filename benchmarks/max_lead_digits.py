@@ -18,7 +18,7 @@ import os
 import numpy as np
 import torch
 
-from csd_kernels.frontier import summarise
+from csd_kernels.bench.frontier import summarise
 
 LEADS = [("no bound (256)", 256), ("one window (default)", None), ("8", 8), ("0", 0)]
 

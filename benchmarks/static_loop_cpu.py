@@ -17,7 +17,7 @@ Janus-Pro-7B shape on the meta device (no compute at all: the host's share of a 
 from __future__ import annotations
 
 import argparse
-import importlib
+import inspect
 import json
 import time
 
@@ -68,28 +68,43 @@ def digits_wall(images: int, modes: list[str], skip_compile: bool) -> dict:
 
 def _fake_verify():
     """verify's fake implementation for every backend (the meta device runs no kernel)."""
-    from csd_kernels import ops
+    from csd_kernels.ops import verify as ops
 
-    fake = lambda *args: ops._fake_outputs(args[0], args[-1])  # noqa: E731
+    return_probs = list(inspect.signature(ops._torch_backend).parameters).index("return_probs")
+    fake = lambda *args: ops._fake_outputs(args[0], args[return_probs])  # noqa: E731
     for name in list(ops._BACKEND_FUNCTIONS):
         ops._BACKEND_FUNCTIONS[name] = fake
 
 
-def meta_host_time(batches: list[int], modes: list[str], iterations: int = 5) -> dict:
+def meta_host_time(batches: list[int], modes: list[str], iterations: int = 5, layers: int = 30) -> dict:
+    """Host ms per iteration of each loop; ``layers`` < 30 cuts the model (a quick run: tests, the GPU check's dry
+    run)."""
+    from csd_kernels.ops import verify as ops
+
+    backends = dict(ops._BACKEND_FUNCTIONS)
+    try:
+        return _meta_host_time(batches, modes, iterations, layers)
+    finally:
+        ops._BACKEND_FUNCTIONS.update(backends)  # verify's real backends again
+
+
+def _meta_host_time(batches: list[int], modes: list[str], iterations: int, layers: int) -> dict:
     import loop_shapes
 
     from csd_kernels import generate
+    from csd_kernels.decoding import eager as eager_module
     from csd_kernels.decoding import static as static_module
+    from csd_kernels.decoding.state import EagerState
 
-    gen_module = importlib.import_module("csd_kernels.decoding.generate")  # the package exports the function
     _fake_verify()
-    model = loop_shapes.janus_pro_7b("meta")
+    model = loop_shapes.janus_pro_7b("meta", layers=layers)
     results = {}
 
-    def eager_verify(cond, uncond, run, state, win, drafted):
-        verified = gen_module.VERIFY[run.mode](cond, uncond, gen_module.draft_probs(state, win, drafted, run), run,
-                                               state, win, drafted)
-        return verified, [min(3, win.length - 1)] * len(win.active)  # a fixed accept length instead of the sync
+    def eager_read(state, committed, run, m, end, active):  # a fixed accept length instead of the sync
+        new = [min(m + min(3, end - m - 1) + 1, min(c + run.window, run.total)) if a else c
+               for c, a in zip(state.counts, active)]
+        state.accepted.append([b - a for a, b in zip(state.counts, new)])
+        state.counts = new
 
     class Stop(Exception):
         pass
@@ -119,9 +134,8 @@ def meta_host_time(batches: list[int], modes: list[str], iterations: int = 5) ->
         ids = loop_shapes.janus_prompt(batch, "meta")
         for mode in modes:
             kw = dict(mode=mode, window=16, cfg_scale=5.0, seed=0)
-            originals = gen_module._verify, static_module.StaticLoop.run, gen_module.RowState.done
-            gen_module._verify, static_module.StaticLoop.run, gen_module.RowState.done = (eager_verify, static_run,
-                                                                                           eager_done)
+            originals = eager_module.read_counts, static_module.StaticLoop.run, EagerState.done
+            eager_module.read_counts, static_module.StaticLoop.run, EagerState.done = eager_read, static_run, eager_done
             try:
                 with _OpCount():
                     calls.clear(), op_counts.clear()
@@ -134,7 +148,7 @@ def meta_host_time(batches: list[int], modes: list[str], iterations: int = 5) ->
                 except Stop:
                     pass
             finally:
-                gen_module._verify, static_module.StaticLoop.run, gen_module.RowState.done = originals
+                eager_module.read_counts, static_module.StaticLoop.run, EagerState.done = originals
             eager_ms = 1e3 * (calls[-1] - calls[2]) / iterations
             static_ms = 1e3 * timed["static"]
             results[f"B{batch}/{mode}"] = dict(
@@ -174,6 +188,7 @@ def main() -> None:
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--skip-digits", action="store_true")
     parser.add_argument("--skip-meta", action="store_true")
+    parser.add_argument("--layers", type=int, default=30, help="meta: the model's layers (fewer: a quick run)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -183,7 +198,8 @@ def main() -> None:
     if not args.skip_digits:
         report["digits"] = digits_wall(args.images, modes, args.skip_compile)
     if not args.skip_meta:
-        report["meta_janus_pro_7b"] = meta_host_time([int(b) for b in args.batches.split(",")], modes)
+        report["meta_janus_pro_7b"] = meta_host_time([int(b) for b in args.batches.split(",")], modes,
+                                                      layers=args.layers)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

@@ -12,7 +12,7 @@ import json
 import os
 
 from csd_kernels import zoo
-from csd_kernels.cli import format_compare, run_compare
+from csd_kernels.cli.commands import format_compare, run_compare
 
 DEFAULT = dict(entropy_coef=0.5, tvd_threshold=0.65, window=16, draft_init="uniform")
 SETTINGS = [

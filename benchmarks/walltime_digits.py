@@ -24,10 +24,10 @@ import time
 import numpy as np
 import torch
 
-from csd_kernels.frontier import summarise
+from csd_kernels.bench.frontier import summarise
 
 RUNS = [("ar", dict(mode="ar")), ("sjd+maximal", dict(mode="sjd", coupling="maximal")), ("csd", dict(mode="csd"))]
-LOOP_MODULES = (os.sep.join(("csd_kernels", "decoding")), os.sep.join(("csd_kernels", "drafts.py")),
+LOOP_MODULES = (os.sep.join(("csd_kernels", "decoding")), os.sep.join(("csd_kernels", "ops", "drafts.py")),
                 os.sep.join(("csd_kernels", "models", "protocol.py")))
 
 

@@ -1,6 +1,7 @@
 // Torch glue shared by the CPU and CUDA entry points of torch.ops.csd_kernels.verify_tree_rows: argument checks, the
 // outputs, the per-row scratch and the raw TreeProblem. Header only (included by csrc/cpu/verify_tree.cpp and
-// csrc/cuda/tree_glue.cpp). The user-facing checks (ValueError naming the argument) are csd_kernels/tree_ops.py's.
+// csrc/cuda/tree_glue.cpp). The user-facing checks (ValueError naming the argument) are those of
+// csd_kernels/ops/verify_tree.py.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -11,7 +12,7 @@
 #include <optional>
 #include <tuple>
 
-#include "tree_row.h"
+#include "include/tree_row.h"
 #include "verify_glue.h"
 
 namespace csd {

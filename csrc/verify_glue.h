@@ -11,7 +11,7 @@
 #include <string>
 #include <tuple>
 
-#include "verify_row.h"
+#include "include/verify_row.h"
 
 namespace csd {
 

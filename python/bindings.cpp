@@ -5,9 +5,9 @@
 //   -DCSD_WITH_CUDA) CUDA implementation in csrc/cuda/verify_glue.cpp. The Python fake (meta) implementation and
 //   the user-facing wrapper are registered on the Python side.
 // * tree_candidates: the sibling candidates of a draft tree on the CPU (csrc/cpu/tree_candidates.cpp), called by
-//   csd_kernels/tree_drafts.py.
-// * torch.ops.csd_kernels.verify_tree_rows: the fused tree verification (csrc/tree_row.h), CPU implementation in
-//   csrc/cpu/verify_tree.cpp, CUDA in csrc/cuda/tree_glue.cpp; wrapper and fake in csd_kernels/tree_ops.py.
+//   csd_kernels/ops/drafts.py.
+// * torch.ops.csd_kernels.verify_tree_rows: the fused tree verification (csrc/include/tree_row.h), CPU implementation
+//   in csrc/cpu/verify_tree.cpp, CUDA in csrc/cuda/tree_glue.cpp; wrapper and fake in csd_kernels/ops/verify_tree.py.
 #include <ATen/ATen.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -17,7 +17,7 @@
 #include <string>
 
 #include "../csrc/cpu/tree_candidates.h"
-#include "../csrc/philox.h"
+#include "../csrc/include/philox.h"
 #include "../csrc/tree_glue.h"
 #include "../csrc/verify_glue.h"
 

@@ -59,8 +59,8 @@ def _seeded(build, seed):
 JANUS_BOS, JANUS_PAD, JANUS_BOI = 1, 0, 60
 
 
-@pytest.fixture(scope="session")
-def tiny_janus():
+def build_tiny_janus():
+    """The tiny Janus (a plain function as well as the fixture: tests/test_golden.py builds it outside pytest)."""
     from transformers import JanusConfig, JanusForConditionalGeneration
 
     cfg = JanusConfig(
@@ -80,14 +80,33 @@ def tiny_janus():
     return model
 
 
+@pytest.fixture(scope="session")
+def tiny_janus():
+    return build_tiny_janus()
+
+
+def janus_image_generate(model, prompts, **kwargs):
+    """transformers' own Janus image generation (the tests' greedy reference), skipping the test where that code is
+    broken upstream: transformers 5.17's JanusForConditionalGeneration.generate calls
+    GenerationMixin._prepare_static_cache without its required prefill_chunk_size (TypeError)."""
+    try:
+        return model.generate(prompts, attention_mask=torch.ones_like(prompts), generation_mode="image", **kwargs)
+    except TypeError as error:
+        if "prefill_chunk_size" not in str(error):
+            raise
+        import transformers
+
+        pytest.skip(f"transformers {transformers.__version__}: its Janus generate() fails upstream ({error}); "
+                    "no reference to compare with")
+
+
 # Lumina-mGPT layout on Chameleon: text vocab 64, image codes = ids 8..39 (V = 32), row end 41, image start 42,
 # image end 43, size tokens 44 + grid/2; grid 2 x 4 (non-square so that rows and columns cannot be confused).
 LUMINA_KW = dict(grid=(2, 4), image_token_range=(8, 40), row_end_token_id=41, image_start_token_id=42,
                  image_end_token_id=43, size_token_offset=44)
 
 
-@pytest.fixture(scope="session")
-def tiny_chameleon():
+def build_tiny_chameleon():
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     cfg = ChameleonConfig(
@@ -98,6 +117,11 @@ def tiny_chameleon():
         vocabulary_map={f"IMGIMG{chr(65 + i)}Z": 8 + i for i in range(8)},
     )
     return _seeded(lambda: ChameleonForConditionalGeneration(cfg), 1)
+
+
+@pytest.fixture(scope="session")
+def tiny_chameleon():
+    return build_tiny_chameleon()
 
 
 def build_tiny_llama(vocab_size: int, seed: int = 0, init: float = 0.3, dtype=torch.float32):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import JANUS_BOI, JANUS_BOS, LUMINA_KW, build_tiny_llama
+from conftest import JANUS_BOI, JANUS_BOS, LUMINA_KW, build_tiny_llama, janus_image_generate
 
 from csd_kernels.decoding import MODES, generate
 from csd_kernels.models import ImageGPT, JanusAdapter, LuminaMGPT, get_adapter
@@ -36,8 +36,7 @@ def _check_output(out, batch, grid, vocab):
 @pytest.mark.parametrize("batch", [1, 3])
 def test_janus_greedy_matches_transformers_generate(tiny_janus, batch):
     prompts = JANUS_PROMPTS[:batch]
-    expected = tiny_janus.generate(prompts, attention_mask=torch.ones_like(prompts), generation_mode="image",
-                                   do_sample=False, guidance_scale=2.0)
+    expected = janus_image_generate(tiny_janus, prompts, do_sample=False, guidance_scale=2.0)
     for mode in MODES:
         out = generate(tiny_janus, prompts, mode=mode, window=5, cfg_scale=2.0, temperature=0)
         assert torch.equal(out.tokens, expected), mode
@@ -197,7 +196,7 @@ def test_janus_prompt_is_the_sft_format_of_deepseek_janus():
     """The expected strings are what deepseek-ai/Janus' own conversation code (janus/utils/conversation.py,
     template "deepseek", system prompt "") prints for these turns, followed by its image_start_tag."""
     from csd_kernels.models import janus_prompt
-    from csd_kernels.models.janus import JANUS_ROLES
+    from csd_kernels.models.janus.adapter import JANUS_ROLES
 
     tokenizer = _byte_tokenizer(["<|User|>", "<|Assistant|>", "<begin_of_image>"])
     out = janus_prompt(tokenizer, ["A red cube on a table.", "  a cat  "])

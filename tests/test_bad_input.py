@@ -16,8 +16,11 @@ import pytest
 import torch
 
 import csd_kernels as ck
-from csd_kernels import bench, cli, validation, zoo
-from csd_kernels.validation import ArgumentError
+from csd_kernels import zoo
+from csd_kernels.bench import op as bench
+from csd_kernels.cli import commands as cli
+from csd_kernels.decoding import validation
+from csd_kernels.decoding.validation import ArgumentError
 
 # flags that can only be judged with the model (its prompts, its files); every other flag is checked before loading
 MODEL_FLAGS = ("--prompt", "--prompts", "--weights", "--dtype", "--model")
@@ -283,7 +286,7 @@ def test_generate_raises_a_value_error_naming_the_argument_before_any_model_call
 
 def test_the_cli_and_the_api_share_one_rule(digits, monkeypatch, tmp_path):
     """Change one rule and both the API and every command line that takes the setting follow: no second check."""
-    from csd_kernels import validation
+    from csd_kernels.decoding import validation
 
     monkeypatch.setitem(validation.RULES, "window", validation.Rule("int", 5))
     with pytest.raises(ArgumentError, match=r"window=4: expected an int >= 5"):

@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 
 import csd_kernels as ck
-from csd_kernels import cli, zoo
+from csd_kernels import zoo
+from csd_kernels.cli import commands as cli
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,7 @@ def test_compare_png_labels_every_row_with_its_mode(tmp_path):
 
 
 def test_bench_writes_json_csv_and_plot(tmp_path):
-    from csd_kernels import bench
+    from csd_kernels.bench import op as bench
 
     rows = bench.run(shapes=[(1, 4, 64)], json_path=str(tmp_path / "benchmark.json"))
     assert {r.backend for r in rows} == {name for name in ck.available_backends("cpu") if name != "triton"}

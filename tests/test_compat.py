@@ -1,4 +1,4 @@
-"""FlashInfer's and vLLM's conventions (csd_kernels.compat): layout, counts, exact cases, the emitted law, errors.
+"""FlashInfer's and vLLM's conventions (csd_kernels.ops.interop): layout, counts, exact cases, the emitted law, errors.
 
 The χ² tests draw N = 40,000 independent rows over V = 7 tokens and pass when the p-value exceeds 1e-3. Power: a
 law shifted from p by a TVD of 0.01 between two tokens of probability ≈ 0.15 gives a non-centrality N·Σδ²/p ≈ 53 on
@@ -224,6 +224,42 @@ def test_rejection_sample_matches_chain_speculative_sampling_on_probs():
     draft_probs, drafts, target_probs = _random_case(7, 3, 12, seed=8)
     out, _, _ = ck.chain_speculative_sampling(draft_probs, drafts, target_probs, seed=4)
     assert torch.equal(ck.rejection_sample(drafts, draft_probs, target_probs=target_probs, seed=4), out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_zero_q_row_at_the_bonus_slot_is_taken(backend):
+    """FlashInfer's n drafts + 1 bonus slot mapped onto an L = n + 1 window, q padded with a zero row there (it never
+    decides): chain_speculative_sampling, rejection_sample and verify itself take it, with the tokens of the call
+    without the padding."""
+    draft_probs, drafts, target_probs = _random_case(6, 3, 16, seed=3)
+    padded = torch.cat([draft_probs, torch.zeros(6, 1, 16)], 1)
+    want = ck.chain_speculative_sampling(draft_probs, drafts, target_probs, seed=2, backend=backend)
+    got = ck.chain_speculative_sampling(padded, drafts, target_probs, seed=2, backend=backend)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(ck.rejection_sample(drafts, padded, target_probs=target_probs, seed=2, backend=backend),
+                       want[0])
+    window = torch.cat([drafts, torch.full((6, 1), -1, dtype=drafts.dtype)], 1)
+    res = ck.verify(target_probs=target_probs, draft_tokens=window, draft_probs=padded, rule="strict", seed=2,
+                    backend=backend)
+    assert res.status.tolist() == [0] * 6
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ragged_rows_with_zero_q_padding(backend):
+    """vLLM's ragged batch as padded rows: drafts −1 after a row's last draft, and q rows of zeros there."""
+    draft_probs, drafts, target_probs = _random_case(4, 3, 16, seed=4)
+    drafts[1, 2:] = -1
+    drafts[2, 1:] = -1
+    drafts[3, :] = -1
+    zero_padded = torch.where((drafts >= 0)[..., None], draft_probs, 0.0)
+    want = ck.rejection_sample(drafts, draft_probs, target_probs=target_probs, seed=6, backend=backend)
+    got = ck.rejection_sample(drafts, zero_padded, target_probs=target_probs, seed=6, backend=backend)
+    assert torch.equal(got, want)
+    assert (got[3, 1:] == -1).all() and got[3, 0] >= 0  # no drafts: one token from the target
+    bad = zero_padded.clone()
+    bad[0, 0] = 0.0  # a tested draft with a zero q row is still refused
+    with pytest.raises(ValueError, match="draft_probs"):
+        ck.rejection_sample(drafts, bad, target_probs=target_probs, seed=6, backend=backend)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -141,6 +141,20 @@ def test_csd_passes_and_maps(image_gpt):
                                rtol=1e-6)
 
 
+@pytest.mark.parametrize("loop", [dict(static=False), dict(static=True), dict(tree=(2, 2))], ids=["eager", "static",
+                                                                                                  "tree"])
+def test_entropy_map_is_p_at_each_committed_token(image_gpt, loop):
+    """The commit the three loops share writes each token's stats once, at its place: entropy_map equals H(p) given
+    the committed prefix, recomputed here by one teacher-forced call on the output (T = 1, no CFG). (The eager-static
+    comparisons cannot see a bug there: both loops would carry it.)"""
+    out = generate(image_gpt, PROMPTS, mode="csd", window=6, cfg_scale=1.0, seed=3, **loop)
+    image_gpt.prefill(PROMPTS, None, False)
+    cond, _ = image_gpt.forward(torch.cat([PROMPTS, out.tokens[:, :-1]], 1), -1)
+    p = torch.softmax(cond.double(), -1)
+    entropy = -(p * p.log()).sum(-1)  # [B, H*W]
+    torch.testing.assert_close(out.entropy_map.flatten(1).double(), entropy, rtol=1e-4, atol=1e-5)
+
+
 def test_jd_distortion_is_unknown_and_counts_as_zero(image_gpt):
     jd = generate(image_gpt, PROMPTS, mode="jd", window=8, cfg_scale=2.0, seed=1)
     assert bool(jd.distortion_map.isnan().any())

@@ -33,8 +33,8 @@ def _vocabulary_map() -> dict:
     return vocab
 
 
-@pytest.fixture(scope="module")
-def tiny_emu3():
+def build_tiny_emu3():
+    """The tiny Emu3 (a plain function as well as the fixture: tests/test_golden.py builds it outside pytest)."""
     from transformers import Emu3Config, Emu3ForConditionalGeneration
 
     config = Emu3Config(
@@ -52,7 +52,12 @@ def tiny_emu3():
         torch.random.set_rng_state(state)
 
 
-def _left_padded(prompts):
+@pytest.fixture(scope="module")
+def tiny_emu3():
+    return build_tiny_emu3()
+
+
+def left_padded(prompts):
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -90,7 +95,7 @@ def _transformers_greedy(model, ids, mask, negative) -> torch.Tensor:
 
 @pytest.mark.parametrize("negative", [NEGATIVE, None], ids=["negative_prompt", "default_uncond"])
 def test_greedy_tokens_match_transformers_in_every_mode(tiny_emu3, negative):
-    ids, mask = _left_padded(PROMPTS)  # two prompts of different length: a left-padded batch
+    ids, mask = left_padded(PROMPTS)  # two prompts of different length: a left-padded batch
     expected = _transformers_greedy(tiny_emu3, ids, mask, None if negative is None else torch.tensor([negative]))
     adapter = Emu3Adapter(tiny_emu3, GRID, negative_prompt_ids=negative)
     for mode in MODES:
@@ -101,8 +106,8 @@ def test_greedy_tokens_match_transformers_in_every_mode(tiny_emu3, negative):
 
 def test_static_loop_and_trees_match_transformers(tiny_emu3):
     """The static loop (per-row cache, the row ends in place) and draft trees (a row end below every node at a row's
-    last grid position, models/row_end_tree.py): transformers' greedy tokens too."""
-    ids, mask = _left_padded(PROMPTS)
+    last grid position, models/row_end.py): transformers' greedy tokens too."""
+    ids, mask = left_padded(PROMPTS)
     expected = _transformers_greedy(tiny_emu3, ids, mask, torch.tensor([NEGATIVE]))
     adapter = Emu3Adapter(tiny_emu3, GRID, negative_prompt_ids=NEGATIVE)
     for kw in (dict(mode="ar"), dict(mode="csd"), dict(mode="sjd", window=8, tree=(2, 2)),
@@ -154,7 +159,7 @@ def test_loader_and_command_line(tiny_emu3, tmp_path, monkeypatch):
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>").save_pretrained(path)
     adapter = load_emu3(path, grid=GRID, negative_prompt_ids=NEGATIVE, dtype=torch.float32)
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded(PROMPTS)
     expected = _transformers_greedy(tiny_emu3, ids, mask, torch.tensor([NEGATIVE]))
     out = generate(adapter, ids, attention_mask=mask, mode="csd", window=5, cfg_scale=CFG, temperature=0)
     assert torch.equal(out.sequences, expected)

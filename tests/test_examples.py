@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import janus_image_generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -84,8 +85,7 @@ JANUS_PROMPT = torch.tensor([[1, 5, 6, 7, 60]])
 def test_janus_greedy_equals_transformers_image_generation(janus, janus_model):
     janus_model.generation_config.generation_kwargs = {"boi_token_id": 60}
     janus_model.generation_config.pad_token_id, janus_model.generation_config.bos_token_id = 0, 1
-    expected = janus_model.generate(JANUS_PROMPT, attention_mask=torch.ones_like(JANUS_PROMPT),
-                                    generation_mode="image", do_sample=False, guidance_scale=2.0)
+    expected = janus_image_generate(janus_model, JANUS_PROMPT, do_sample=False, guidance_scale=2.0)
     for rule in ("strict", "csd"):
         tokens, calls = janus.jacobi_generate(janus_model, JANUS_PROMPT, bos=1, boi=60, pad=0, cfg_scale=2.0,
                                               temperature=0, window=5, rule=rule)

@@ -1,4 +1,4 @@
-"""csd sweep / csd_kernels.frontier: the grid, the Pareto analysis, a small end-to-end sweep, bad input."""
+"""csd sweep / csd_kernels.bench.frontier: the grid, the Pareto analysis, a small end-to-end sweep, bad input."""
 
 import csv
 import dataclasses
@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from csd_kernels import cli, frontier
-from csd_kernels.frontier import Setting
+from csd_kernels import cli
+from csd_kernels.bench import frontier
+from csd_kernels.bench.frontier import Setting
 from csd_kernels.zoo import DIGITS_MEASURES, Measure
 
 
@@ -187,7 +188,7 @@ def test_digits_heldout_quality():
     from csd_kernels.zoo.digits import quality
 
     entry = zoo.load("digits")
-    _, _, _, y_test = quality._data_split()
+    _, _, _, y_test = quality.data_split()
     prompts = [str(c) for c in y_test]  # every held-out digit once
     assert entry.heldout_quality(prompts, 0)["accuracy"] == pytest.approx(quality.heldout_accuracy(round_trip=True))
     with pytest.raises(ValueError, match="class 3: .* held-out digits"):

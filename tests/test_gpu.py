@@ -37,7 +37,7 @@ def test_a_gpu_backend_is_available():
 
 
 def test_triton_is_compiled_not_interpreted():
-    from csd_kernels import triton_verify
+    from csd_kernels.backends.triton import verify as triton_verify
 
     assert not triton_verify._INTERPRET, ("TRITON_INTERPRET=1 runs the 'triton' backend on the CPU: unset it for GPU "
                                           "tests")

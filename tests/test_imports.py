@@ -78,8 +78,9 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_graph_sees_relative_and_function_level_imports():
     graph = import_graph()
-    assert "csd_kernels.testing" in graph["csd_kernels.bench"]  # from .testing import make_case
-    assert "csd_kernels.bench" in graph["csd_kernels.bench_cases"]  # from csd_kernels import bench
+    assert "csd_kernels.testing" in graph["csd_kernels.bench.op"]  # from ..testing import make_case
+    assert "csd_kernels.bench.op" in graph["csd_kernels.bench.cases"]  # from csd_kernels.bench import op as bench
+    assert "csd_kernels.bench.frontier" in graph["csd_kernels.cli.commands"]  # from ..bench import frontier
 
 
 def test_no_import_cycles():

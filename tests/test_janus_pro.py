@@ -20,7 +20,7 @@ import torch
 from csd_kernels import cli, zoo
 from csd_kernels.decoding import MODES, generate
 from csd_kernels.models import JanusAdapter, get_adapter, load_janus_pro
-from csd_kernels.models.janus_checkpoint import janus_original_config
+from csd_kernels.models.janus.checkpoint import janus_original_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

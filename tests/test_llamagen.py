@@ -23,7 +23,7 @@ from csd_kernels.models import ImageGPT, LlamaGenAdapter, get_adapter, load_llam
 from csd_kernels.models.llamagen import VQDecoder, gpt_args, left_pad_captions, vq_args
 from csd_kernels.models.llamagen.gpt import Transformer
 from csd_kernels.models.llamagen.vq import ENCODER_PREFIXES
-from csd_kernels.ops import verify
+from csd_kernels.ops.verify import verify
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""Lumina-mGPT: checkpoints in the release's format -> transformers' Chameleon (csd_kernels.models.lumina_checkpoint),
+"""Lumina-mGPT: checkpoints in the release's format -> transformers' Chameleon (csd_kernels.models.lumina.checkpoint),
 the adapter's logits and greedy tokens against Lumina-mGPT's own code, prompt ids against its solver.
 
 Golden values come from tests/fixtures/lumina/, written by scripts/upstream/lumina_fixtures.py with Lumina-mGPT's

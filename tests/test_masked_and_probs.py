@@ -15,7 +15,7 @@ from scipy.stats import chisquare  # noqa: E402
 
 import csd_kernels as ck  # noqa: E402
 from csd_kernels import reference as ref  # noqa: E402
-from csd_kernels.dispatch import available_backends  # noqa: E402
+from csd_kernels.ops.registry import available_backends  # noqa: E402
 from csd_kernels.testing import compare, make_case, reference_result  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's inf − inf inside Triton's interpreter
@@ -28,7 +28,7 @@ NINF = float("-inf")
 
 
 def _forced_plan(path: str, vocab: int):
-    from csd_kernels import triton_verify as tv
+    from csd_kernels.backends.triton import verify as tv
 
     if path == "register":
         block = max(16, 1 << (vocab - 1).bit_length())
@@ -42,7 +42,7 @@ def run(backend: str, **kwargs) -> ref.VerifyResult:
     kwargs.setdefault("validate", False)
     if not backend.startswith("triton-"):
         return ck.verify(backend=backend, **kwargs)
-    from csd_kernels import triton_verify as tv
+    from csd_kernels.backends.triton import verify as tv
 
     target = kwargs.get("target_logits") if kwargs.get("target_logits") is not None else kwargs["target_probs"]
     plan = _forced_plan(backend.split("-")[1], target.shape[-1])
@@ -196,6 +196,36 @@ def test_bad_rows_are_flagged_like_the_reference(backend):
     case.update(target_logits=cond, uncond_logits=uncond, draft_probs=q)
     got, _ = check_against_reference(backend, case, cfg_scale=2.0)
     assert got.status.tolist() == [ref.STATUS_BAD_LOGITS] * 3 + [ref.STATUS_BAD_DRAFT_PROBS]
+
+
+@pytest.mark.parametrize("backend", FAST + TRITON_PATHS)
+def test_q_rows_count_only_where_a_draft_is_tested(backend):
+    """At an undrafted position (draft −1) the q row decides nothing, so whatever it holds — a zero row (how
+    FlashInfer's / vLLM's bonus slot is padded), half a distribution, a NaN, a negative entry — the row is not
+    reported and its tokens and decisions are those of a valid q row there (its tvd is ½, the zero vector's). A bad q
+    row where a draft is tested is still reported and refused."""
+    case = make_case(5, 3, 20, q="dense", seed=5, favourite=0.5)
+    drafts = case["draft_tokens"].clone()
+    drafts[:, :2] = drafts[:, :2].clamp(min=0)
+    drafts[:, 2] = -1  # the bonus slot
+    valid_q = case["draft_probs"]
+    q = valid_q.clone()
+    q[0, 2] = 0.0
+    q[1, 2] *= 0.5
+    q[2, 2, 3] = float("nan")
+    q[3, 2, 4] = -0.1
+    q[4, 1] *= 0.5  # a tested draft's q row: still bad
+    case.update(draft_tokens=drafts, draft_probs=q)
+    got, _ = check_against_reference(backend, case, cfg_scale=2.0)
+    assert got.status.tolist() == [0, 0, 0, 0, ref.STATUS_BAD_DRAFT_PROBS]
+    torch.testing.assert_close(got.tvd[:4, 2], torch.full((4,), 0.5))
+    same = run(backend, **{**case, "draft_probs": valid_q}, cfg_scale=2.0)
+    for name in ("tokens", "accept_len", "accept_prob", "distortion"):
+        assert torch.equal(getattr(got, name)[:4], getattr(same, name)[:4]), name
+    rows = {k: (v[:4] if isinstance(v, torch.Tensor) and v.shape[0] == 5 else v) for k, v in case.items()}
+    run(backend, **rows, cfg_scale=2.0, validate=True)  # no error
+    with pytest.raises(ValueError, match=r"draft_probs must be finite, non-negative and sum to 1.*rows \[4\]"):
+        run(backend, **case, cfg_scale=2.0, validate=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

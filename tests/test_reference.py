@@ -264,7 +264,7 @@ def test_reference_creates_no_tensor_off_the_inputs_device(coupling):
 
 def test_status_bits_are_one_definition():
     """reference.STATUS_* is the definition: the Triton kernels import it, the C++ extension must agree."""
-    from csd_kernels.dispatch import compiled_extension
+    from csd_kernels.backends.compiled import compiled_extension
 
     expected = {"bad_logits": ref.STATUS_BAD_LOGITS, "bad_draft_token": ref.STATUS_BAD_DRAFT_TOKEN,
                 "bad_draft_probs": ref.STATUS_BAD_DRAFT_PROBS,
@@ -277,14 +277,15 @@ def test_status_bits_are_one_definition():
 
 
 def test_every_draft_token_implementation_is_the_reference():
-    """csd_kernels.drafts (C++ on the CPU, Triton on a GPU or under the interpreter) equals the reference bit for
+    """csd_kernels.ops.drafts (C++ on the CPU, Triton on a GPU or under the interpreter) equals the reference bit for
     bit: shared and per-row seeds, per-row offsets >= 2^32, positions wrapping mod 2^32."""
-    from csd_kernels import drafts
+    from csd_kernels.backends.triton import drafts as triton_drafts
+    from csd_kernels.ops import drafts
 
     positions = torch.tensor([0, 2**32 - 2, 7, 123456789])
     for seed, offset in [(torch.tensor([3]), torch.tensor([2**40 + 1])),
                          (torch.tensor([1, 2**33, -5, 7]), torch.tensor([0, 5, 2**62, 1]))]:
         expected = ref.random_draft_tokens(seed, offset, positions, 6, 16384)
         assert torch.equal(drafts.random_draft_tokens(seed, offset, positions, 6, 16384), expected)
-        assert torch.equal(drafts._triton_draft_tokens(seed, offset, positions, 6, 16384), expected)
+        assert torch.equal(triton_drafts.draft_tokens(seed, offset, positions, 6, 16384), expected)
         assert int(expected.min()) >= 0 and int(expected.max()) < 16384

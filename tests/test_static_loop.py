@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,11 +14,11 @@ from conftest import JANUS_BOI, JANUS_BOS, LUMINA_KW, build_tiny_llama
 from llamagen_tiny import GPT_CONFIGS, captions, seeded_state_dict
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from csd_kernels import ops
 from csd_kernels.decoding import COUPLINGS, MODES, generate
 from csd_kernels.decoding.static import StaticLoop, static_step
 from csd_kernels.models import ImageGPT, JanusAdapter, LlamaGenAdapter, LuminaMGPT
 from csd_kernels.models.llamagen.gpt import ModelArgs, Transformer
+from csd_kernels.ops import verify as ops
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -272,7 +273,8 @@ def test_triton_launches_under_the_tensors_device_guard(monkeypatch):
     here by Triton's interpreter on CPU tensors, with the guard recorded)."""
     import contextlib
 
-    from csd_kernels import drafts, triton_verify
+    from csd_kernels.backends.triton import drafts
+    from csd_kernels.backends.triton import verify as triton_verify
 
     entered = []
 
@@ -282,8 +284,9 @@ def test_triton_launches_under_the_tensors_device_guard(monkeypatch):
         yield
 
     monkeypatch.setattr(triton_verify, "device_guard", recording_guard)
+    monkeypatch.setattr(drafts, "device_guard", recording_guard)
     seed, offset, positions = torch.tensor([1]), torch.tensor([0]), torch.tensor([0, 3])
-    drafts._triton_draft_tokens(seed, offset, positions, 4, 16)
+    drafts.draft_tokens(seed, offset, positions, 4, 16)
     logits = torch.randn(2, 3, 16)
     ops.verify(logits, torch.full((2, 3), -1), backend="triton")
     assert entered == [torch.device("cpu")] * 2
@@ -386,3 +389,31 @@ def test_one_tree_iteration_compiles_fullgraph(monkeypatch):
     eager, compiled = states[0]
     for name in ("seq", "n", "drafted", "attempts", "accepted", "passes", "q_store"):
         torch.testing.assert_close(getattr(compiled, name), getattr(eager, name))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# benchmarks/static_loop_cpu.py's meta-device part (a meta prompt has no values to check)
+# ----------------------------------------------------------------------------------------------------------------------
+def test_meta_host_time_benchmark_runs(monkeypatch):
+    """The Janus-Pro-7B-shaped model on the meta device, cut to 2 layers: both loops run their timed iterations.
+    generate read the meta prompt's ids on the host to check them against the vocabulary, and failed; csd: the fake
+    verify took its last argument for return_probs and returned no probs."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import static_loop_cpu
+
+    backends = dict(ops._BACKEND_FUNCTIONS)
+    results = static_loop_cpu.meta_host_time([1], ["csd"], iterations=1, layers=2)
+    assert ops._BACKEND_FUNCTIONS == backends  # verify's fake implementation is taken out again
+    row = results["B1/csd"]
+    assert row["static_ms_per_iteration"] > 0 and row["eager_ms_per_iteration"] > 0
+    assert row["static_ops_per_iteration"] > 0 and row["eager_ops_per_iteration"] > 0
+
+
+def test_meta_prompts_skip_the_value_checks():
+    from csd_kernels.decoding.validation import ArgumentError, check_prompt, check_prompt_ids
+
+    ids, mask = torch.zeros(2, 3, dtype=torch.long, device="meta"), torch.ones(2, 3, device="meta")
+    assert check_prompt(ids, None, mask) == 2
+    check_prompt_ids(ids, 10)
+    with pytest.raises(ArgumentError, match="input_ids"):  # on the CPU the same check still refuses
+        check_prompt_ids(torch.tensor([[10]]), 10)

@@ -76,7 +76,7 @@ def _node_law(p, q, sibling_q, k: int, rule: str, entropy_coef: float, tvd_thres
         drawn_from.append(weights)
         return sample(weights, u)
 
-    monkeypatch.setattr(ref, "inverse_cdf_sample", recording)
+    monkeypatch.setattr(ref.tree, "inverse_cdf_sample", recording)  # the name tree_walk calls
     walk = ref.tree_walk(p_slots, tokens, qs, layout, u_accept, torch.full_like(u_accept, 0.5), rule=rule,
                          entropy_coef=entropy_coef, tvd_threshold=tvd_threshold, sibling_q=sib)
     monkeypatch.undo()

@@ -1,5 +1,5 @@
-"""The sibling candidates of a draft tree (csd_kernels.tree_drafts): the C++ extension on the CPU and the Triton
-kernel (interpreter here, compiled for sm_90 without a GPU) return exactly reference.tree_candidates on
+"""The sibling candidates of a draft tree (csd_kernels.ops.drafts.tree_candidates): the C++ extension on the CPU and
+the Triton kernel (interpreter here, compiled for sm_90 without a GPU) return exactly reference.tree_candidates on
 reference.tree_gumbel_uniforms — shared and per-row seeds, per-row offsets >= 2^32, rows without a main draft, q with
 fewer than K - 1 tokens of mass left (-1), chunked vocabularies."""
 
@@ -14,8 +14,14 @@ import pytest
 import torch
 
 from csd_kernels import reference as ref
-from csd_kernels import tree_drafts
-from csd_kernels.dispatch import compiled_extension
+from csd_kernels.backends.compiled import compiled_extension
+from csd_kernels.ops import drafts
+
+
+def _triton_candidates(*args, **kwargs):
+    from csd_kernels.backends.triton import drafts as triton_drafts  # imports triton
+
+    return triton_drafts.tree_candidates(*args, **kwargs)
 
 
 def _case(batch: int, levels: int, vocab: int, seed: int, per_row: bool):
@@ -60,7 +66,7 @@ def test_cpp_tree_candidates_are_the_reference(batch, levels, vocab, branching, 
     want = _expected(seeds, offsets, main, q, branching, first=1)
     got = compiled_extension().tree_candidates(seeds, offsets, main, q, branching, 1)
     assert torch.equal(got, want)
-    assert torch.equal(tree_drafts.tree_candidates(seeds, offsets, main, q, branching, 1), want)
+    assert torch.equal(drafts.tree_candidates(seeds, offsets, main, q, branching, 1), want)
     assert bool((want[0, 0, 2:] == -1).all()) and want[0, 0, 1] == 1  # one token of mass besides the main draft
 
 
@@ -76,7 +82,7 @@ def test_triton_tree_candidates_are_the_reference(batch, levels, vocab, branchin
     seeds, offsets, main, q = _case(batch, levels, vocab, seed=batch * 10 + vocab, per_row=per_row)
     want = _expected(seeds, offsets, main, q, branching, first=1)
     args = (t.to(device) for t in (seeds, offsets, main, q))
-    got = tree_drafts._triton_candidates(*args, branching, 1, block=block)
+    got = _triton_candidates(*args, branching, 1, block=block)
     assert torch.equal(got.cpu(), want)
 
 
@@ -95,11 +101,11 @@ def test_tree_candidates_reject_bad_input():
     for args, name in [((main[:, :2], q, 3, 1), "main_tokens"), ((main, q, 0, 1), "branching"),
                        ((main, q, 10, 1), "branching"), ((main, q, 3, -1), "first")]:
         with pytest.raises(ValueError, match=name):
-            tree_drafts.tree_candidates(seed, offset, *args)
+            drafts.tree_candidates(seed, offset, *args)
 
 
 def test_tree_candidates_kernel_compiles_for_sm90():
-    code = ("import json; from csd_kernels.triton_report import compile_tree_candidates_kernel as c; "
+    code = ("import json; from csd_kernels.backends.triton.report import compile_tree_candidates_kernel as c; "
             "print(json.dumps([vars(c(16384, 5)), vars(c(7, 2))]))")
     result = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="0"),
                             capture_output=True, text=True, timeout=900)
@@ -122,7 +128,7 @@ def test_uniform_q_ties_go_to_the_lowest_token_everywhere(offset, winner):
     if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available():
         device = "cuda" if torch.cuda.is_available() else "cpu"
         args = (t.to(device) for t in (seeds, offsets, main, q))
-        assert tree_drafts._triton_candidates(*args, 2, 1).tolist() == want
+        assert _triton_candidates(*args, 2, 1).tolist() == want
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
@@ -136,4 +142,4 @@ def test_nonfinite_q_gives_missing_candidates_like_the_reference(bad):
     if compiled_extension() is not None:
         assert torch.equal(compiled_extension().tree_candidates(seeds, offsets, main, q, 4, 1), want)
     if os.environ.get("TRITON_INTERPRET") == "1":
-        assert torch.equal(tree_drafts._triton_candidates(seeds, offsets, main, q, 4, 1, block=128), want)
+        assert torch.equal(_triton_candidates(seeds, offsets, main, q, 4, 1, block=128), want)

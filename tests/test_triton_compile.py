@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("sm90") / "rows.json"
     env = dict(os.environ, TRITON_INTERPRET="0")
-    result = subprocess.run([sys.executable, "-m", "csd_kernels.triton_report", "--quick", "--json", str(out)],
+    result = subprocess.run([sys.executable, "-m", "csd_kernels.backends.triton.report", "--quick", "--json", str(out)],
                             env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(out.read_text())

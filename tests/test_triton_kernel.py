@@ -16,8 +16,8 @@ import triton.language as tl  # noqa: E402
 
 from csd_kernels import reference as ref  # noqa: E402
 from csd_kernels import testing  # noqa: E402
-from csd_kernels import triton_verify as tv  # noqa: E402
-from csd_kernels.triton_kernels import common  # noqa: E402
+from csd_kernels.backends.triton import verify as tv  # noqa: E402
+from csd_kernels.backends.triton.kernels import common  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -26,6 +26,23 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's log(0) / inf·0 inside the interpreter
 
 MASK32 = 0xFFFFFFFF
+
+
+@triton.jit
+def _runtime_bound_kernel(out_ptr, n, BLOCK: tl.constexpr):
+    total = tl.zeros((), tl.int32)
+    for start in range(0, n, BLOCK):
+        total += tl.sum(tl.where(start + tl.arange(0, BLOCK) < n, 1, 0), 0)
+    tl.store(out_ptr, total)
+
+
+def test_loops_with_a_runtime_bound():
+    """``for v0 in range(0, V, BLOCK_V)`` with V a kernel argument (the chunked and tree kernels' vocabulary loops):
+    Triton 3.6's interpreter with numpy >= 2.4 failed on it (int() of a shape-[1] array) until
+    backends.triton.interpreter_compat squeezed the scalar."""
+    out = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    _runtime_bound_kernel[(1,)](out, 37, BLOCK=16)
+    assert out.item() == 37
 
 
 # ----------------------------------------------------------------------------------------------------------------------

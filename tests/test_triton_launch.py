@@ -1,4 +1,5 @@
-"""The direct Triton launch (csd_kernels.triton_launch) passes the launcher exactly what Triton's own path passes.
+"""The direct Triton launch (csd_kernels.backends.triton.launch) passes the launcher exactly what Triton's own path
+passes.
 
 Runs in a subprocess with Triton's interpreter off and the stub driver of benchmarks/host_time.py (an sm_90 target
 whose launches record their arguments): the first call of a shape goes through Triton's binder, the second through
@@ -23,7 +24,7 @@ import host_time
 stub = host_time._install_stub_driver()
 import torch
 import csd_kernels as ck
-from csd_kernels import triton_verify
+from csd_kernels.backends.triton import verify as triton_verify
 triton_verify.is_available = lambda device: (True, "")
 from triton.runtime import jit
 binder_runs = []
@@ -113,7 +114,7 @@ def test_a_replaced_plan_gets_its_own_workspace(monkeypatch):
     """The workspace cache is keyed by the plan too: forcing a path (as tests/test_triton_kernel.py does) after a call
     of the same shape must run that path, not the cached one."""
     from csd_kernels import testing
-    from csd_kernels import triton_verify as tv
+    from csd_kernels.backends.triton import verify as tv
 
     if not tv.is_available("cpu")[0]:
         pytest.skip("the triton interpreter is off")

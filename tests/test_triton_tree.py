@@ -1,4 +1,4 @@
-"""The Triton tree verification (csd_kernels/triton_tree.py) against reference.verify_tree.
+"""The Triton tree verification (csd_kernels/backends/triton/verify_tree.py) against reference.verify_tree.
 
 Random trees with realistic candidates (main drafts ~ q, siblings Gumbel-top-K of sibling_q): tokens, path and
 accept_len exactly, the float fields to 1e-5. On CPU through Triton's interpreter (conftest), so sizes stay small;
@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from csd_kernels import reference as ref  # noqa: E402
-from csd_kernels.triton_tree import verify_tree_triton  # noqa: E402
+from csd_kernels.backends.triton.verify_tree import verify_tree_triton  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -194,9 +194,9 @@ def test_cases_cover_every_branch_of_the_walk():
 
 
 def test_tree_kernel_compiles_for_sm90():
-    """The restricted (top-k / top-p / min-p) and greedy strict variants; the default one is in triton_report's table
+    """The restricted (top-k / top-p / min-p) and greedy strict variants; the default one is in report.py's table
     (tests/test_triton_compile.py)."""
-    code = ("import json; from csd_kernels.triton_report import compile_tree_kernel as c; "
+    code = ("import json; from csd_kernels.backends.triton.report import compile_tree_kernel as c; "
             "print(json.dumps([vars(c(65536, top_k=True)), vars(c(1000, greedy=True, csd_rule=False, "
             "logits_dtype='float32'))]))")
     result = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="0"),

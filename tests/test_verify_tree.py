@@ -11,23 +11,24 @@ from torch.library import opcheck
 
 import csd_kernels as ck
 from csd_kernels import reference as ref
-from csd_kernels import tree_ops
+from csd_kernels.backends.compiled import has_tree
+from csd_kernels.ops import verify_tree as tree_ops
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _triton_tree_imports() -> bool:
     try:
-        importlib.import_module("csd_kernels.triton_tree")
+        importlib.import_module("csd_kernels.backends.triton.verify_tree")
     except Exception:  # noqa: BLE001 - not merged yet, or triton missing
         return False
     return True
 
 
 _SKIPS = {
-    "cpu": (not tree_ops._has_compiled_tree(), "csd_kernels._C has no verify_tree_rows (rebuild the extension)"),
-    "triton": (not _triton_tree_imports(), "csd_kernels.triton_tree does not import (not merged, or no triton)"),
-    "cuda": (not torch.cuda.is_available() or not tree_ops._has_compiled_tree(), "needs a GPU and the CUDA build"),
+    "cpu": (not has_tree(), "csd_kernels._C has no verify_tree_rows (rebuild the extension)"),
+    "triton": (not _triton_tree_imports(), "csd_kernels.backends.triton.verify_tree does not import (no triton)"),
+    "cuda": (not torch.cuda.is_available() or not has_tree(), "needs a GPU and the CUDA build"),
 }
 def _skip(name: str):
     if name not in _SKIPS:

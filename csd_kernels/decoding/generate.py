@@ -1,16 +1,19 @@
-"""Speculative Jacobi decoding of AR image generators: ``generate(model, input_ids, mode=...)``.
+"""Speculative Jacobi decoding of AR image generators: ``generate(model, input_ids, mode=...)``, the entry point.
 
 Each iteration drafts a window of W grid tokens per row, runs the model once on the last committed token and the
 drafts, verifies the window (by mode: ar, jd, sjd, gsd, csd), commits the accepted prefix plus the resampled token and
 keeps the rest as the next drafts (their q = this iteration's p). Rows keep their own windows and random streams
-(keyed by seed, grid position and the row's own attempt count), so a batched row equals the row alone; rows more than
-``max_lead`` tokens ahead of the slowest sit an iteration out, bounding the forward to max_lead + W tokens. One host
-sync per iteration (accept_len). See docs/decoding.md for the modes, the couplings and the counting.
-``static=True`` runs the fixed-shape, sync-free form of the same iteration instead (static.py, docs/fast-path.md).
+(keyed by seed, grid position and the row's own attempt count), so a batched row equals the row alone. The iteration
+is written once (step.py); generate() checks the arguments, prefills and runs one of three schedules over it: the
+eager loop (eager.py: one host sync per iteration, rows more than ``max_lead`` tokens ahead of the slowest sit an
+iteration out), the static loop (static.py, ``static=True``: fixed shapes, no host sync inside, docs/fast-path.md)
+or a draft tree in the static loop's window (tree.py, ``tree=(K, D)``, docs/trees.md). See docs/decoding.md for the
+modes, the couplings and the counting.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from dataclasses import dataclass, field
@@ -20,11 +23,16 @@ import numpy as np
 import torch
 
 from .. import reference as ref
-from ..grouped import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
 from ..models import get_adapter
 from ..models.protocol import is_static_adapter, is_tree_adapter
-from ..tree_ops import device_layout
-from ..validation import (
+from ..ops.verify_tree import device_layout
+from ..reference.gsd import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
+from .eager import run_eager
+from .state import EagerState, StaticState
+from .static import StaticLoop
+from .step import Settings
+from .tree import tree_step
+from .validation import (
     DRAFT_INITS,
     MODES,
     check_backend,
@@ -34,10 +42,6 @@ from ..validation import (
     check_tree,
     row_seeds,
 )
-from .state import RowState
-from .static import StaticLoop, StaticState
-from .steps import VERIFY, Settings, commit, draft_probs, draft_window, forward
-from .tree import tree_step
 
 __all__ = ["MODES", "COUPLINGS", "DEFAULT_COUPLING", "DRAFT_INITS", "GenerateOutput", "generate"]
 
@@ -151,50 +155,40 @@ def generate(
                    seeds.to(device), temperature > 0 and mode in ("sjd", "csd", "gsd"), top_p=top_p, min_p=min_p,
                    tree=tree)
     lead = DEFAULT_MAX_LEAD_FACTOR * window if max_lead is None else max_lead
-    clock = _Clock(device, sync_timings)
+    clock = Clock(device, sync_timings)
     if static:
         if tree is None:
             adapter.static_cache(window)
         else:  # a tree may need more cache slots than a chain (Lumina-mGPT: a forced row end after some nodes)
             adapter.static_cache(window, tree=ref.tree_layout(*tree, window))
 
-    prefill_passes = clock.time("model", lambda: _prefill(adapter, input_ids, prompt_embeds, attention_mask,
-                                                          cfg_scale != 1.0))
-    if static:
-        return _generate_static(adapter, run, batch, prefill_passes, clock, progress, cuda_graph, compile)
-    state = RowState.empty(batch, total, window, run.vocab, run.need_q, device)
+    with clock.phase("model"):
+        prefill_passes = _prefill(adapter, input_ids, prompt_embeds, attention_mask, cfg_scale != 1.0)
     bar = _progress_bar(progress, total, mode)
-    while not state.done(total):
-        win = state.window(lead, window, total)
-        drafted = draft_window(state, win, run)
-        cond, uncond = clock.time("model", lambda: forward(adapter, state, win, drafted))
-        verified, accept_list = clock.time("verify", lambda: _verify(cond, uncond, run, state, win, drafted))
-        committed_before = min(state.n)
-        commit(state, win, verified, accept_list, run)
-        if bar is not None:
-            bar.update(min(state.n) - committed_before)
+    if static:
+        tokens, maps, accepted = _run_static(adapter, run, batch, clock, bar, cuda_graph, compile)
+    else:
+        state = EagerState.empty(batch, total, window, run.vocab, run.need_q, device)
+        run_eager(adapter, run, state, lead, clock, bar)
+        tokens, maps, accepted = state.seq, state.maps, state.accepted
     if bar is not None:
         bar.close()
-    images = clock.time("decode", lambda: adapter.decode(state.seq))
-    return _output(state, adapter, images, prefill_passes, clock, batch)
+    with clock.phase("decode"):
+        images = adapter.decode(tokens)
+    return _output(tokens, maps, accepted, adapter, images, prefill_passes, clock, batch)
 
 
-def _generate_static(adapter, run: Settings, batch: int, prefill_passes: int, clock: "_Clock", progress: bool,
-                     cuda_graph: bool, compile: bool) -> GenerateOutput:
+def _run_static(adapter, run: Settings, batch: int, clock: "Clock", bar, cuda_graph: bool, compile: bool) -> tuple:
+    """The static loop (a tree's when run.tree is set) -> (tokens [B, N], maps [4, B, N], accepted per pass)."""
     state = StaticState.empty(batch, run.total, run.window, run.vocab, run.need_q, adapter.device)
     iteration = None
     if run.tree is not None:
         iteration = functools.partial(tree_step, layout=device_layout(*run.tree, run.window, adapter.device))
     loop = StaticLoop(adapter, run, state, cuda_graph=cuda_graph, compile=compile, iteration=iteration)
-    bar = _progress_bar(progress, run.total, run.mode)
-    clock.time("loop", lambda: loop.run(bar))
-    if bar is not None:
-        bar.close()
+    with clock.phase("loop"):
+        loop.run(bar)
     tokens, maps, accepted, _ = loop.output()
-    images = clock.time("decode", lambda: adapter.decode(tokens))
-    done = RowState(tokens, maps, [run.total] * batch, state.n[:, None], state.drafted[:, None], [False] * batch,
-                    state.attempts, state.q_store, accepted)
-    return _output(done, adapter, images, prefill_passes, clock, batch)
+    return tokens, maps, accepted
 
 
 def _check_static(adapter, static: bool, cuda_graph: Optional[bool], compile: bool, max_lead) -> bool:
@@ -214,28 +208,17 @@ def _check_static(adapter, static: bool, cuda_graph: Optional[bool], compile: bo
     return on_cuda if cuda_graph is None else bool(cuda_graph)
 
 
-def _verify(cond, uncond, run: Settings, state: RowState, win, drafted):
-    """Verification by mode, then the iteration's one host sync: accept_len and the status bits together."""
-    verified = VERIFY[run.mode](cond, uncond, draft_probs(state, win, drafted, run), run, state, win, drafted)
-    accept_list, status = torch.stack([verified.accept_len.to(torch.int64),
-                                       verified.result.status.to(torch.int64)]).tolist()
-    if any(s and a for s, a in zip(status, win.active)):
-        raise ValueError(f"verification flagged the model's logits or the drafts (status bits {status}; "
-                         f"1 = NaN/Inf logits) at grid positions {win.m}..{win.end - 1}")
-    return verified, accept_list
-
-
-def _output(state: RowState, adapter, images, prefill_passes: int, clock: "_Clock", batch: int) -> GenerateOutput:
+def _output(tokens, maps, accepted: list, adapter, images, prefill_passes: int, clock: "Clock",
+            batch: int) -> GenerateOutput:
     grid = (batch, *adapter.grid)
     return GenerateOutput(
-        tokens=state.seq, images=images, forward_passes=len(state.accepted), prefill_passes=prefill_passes,
-        accepted=state.accepted, entropy_map=state.maps[0].reshape(grid), accept_map=state.maps[1].reshape(grid),
-        distortion_map=state.maps[2].reshape(grid), tvd_map=state.maps[3].reshape(grid), timings=clock.summary(),
-        sequences=adapter.image_sequence(state.seq),
+        tokens=tokens, images=images, forward_passes=len(accepted), prefill_passes=prefill_passes, accepted=accepted,
+        entropy_map=maps[0].reshape(grid), accept_map=maps[1].reshape(grid), distortion_map=maps[2].reshape(grid),
+        tvd_map=maps[3].reshape(grid), timings=clock.summary(), sequences=adapter.image_sequence(tokens),
     )
 
 
-class _Clock:
+class Clock:
     """Seconds spent in named phases (model, verify, decode); the rest is the loop's own overhead."""
 
     def __init__(self, device: torch.device, sync: bool):
@@ -244,13 +227,13 @@ class _Clock:
         self.seconds = {"model": 0.0, "verify": 0.0, "decode": 0.0}  # (+ "loop": the static loop, all phases)
         self.begin = time.perf_counter()
 
-    def time(self, phase: str, fn):
+    @contextlib.contextmanager
+    def phase(self, name: str):
         t0 = time.perf_counter()
-        out = fn()
+        yield
         if self.sync:
             torch.cuda.synchronize(self.device)
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
-        return out
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
     def summary(self) -> dict:
         total = time.perf_counter() - self.begin

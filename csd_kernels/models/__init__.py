@@ -1,11 +1,13 @@
-"""Model adapters for :func:`csd_kernels.generate` (see :mod:`.protocol`)."""
+"""Model adapters for :func:`csd_kernels.generate` (see :mod:`.protocol`): one folder per family (janus/, lumina/,
+emu3/, llamagen/, image_gpt/) with its adapter and checkpoint loader, over what they share: protocol.py, base.py (the
+cached-LM adapter), cache.py (the per-row static KV cache), checkpoint.py (strict loading), row_end.py (the forced
+row-end layout of Lumina-mGPT and Emu3)."""
 
 from __future__ import annotations
 
 from .emu3 import EMU3_DEFAULTS, Emu3Adapter, emu3_grid, emu3_prompt, load_emu3
 from .image_gpt import ImageGPT
-from .janus import JANUS_DEFAULTS, JanusAdapter, janus_prompt
-from .janus_checkpoint import load_janus_pro
+from .janus import JANUS_DEFAULTS, JanusAdapter, janus_prompt, load_janus_pro
 from .llamagen import LlamaGenAdapter, load_llamagen
 from .llamagen.gpt import Transformer as _LlamaGenTransformer
 from .lumina import LUMINA_DEFAULTS, LuminaMGPT, load_lumina_mgpt, lumina_grid, lumina_prompt

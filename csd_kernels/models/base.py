@@ -13,7 +13,7 @@ A subclass supplies the model-specific pieces:
 * ``_seq_index(k)``: sequence index of the input x_k (k >= -1) = the cache length ``crop(k)`` leaves.
 
 The static form (``static_cache`` / ``forward_static``, see :mod:`.protocol`) runs the same pieces on a
-:class:`~.row_cache.RowCache`; a family with forced tokens between grid tokens overrides ``_window_static`` and
+:class:`~.cache.RowCache`; a family with forced tokens between grid tokens overrides ``_window_static`` and
 ``_static_span`` (lumina.RowEndLayout: Lumina-mGPT and Emu3, with their draft trees), one whose prompt end is
 embedded differently overrides ``_inputs_static`` (Janus).
 """
@@ -24,8 +24,8 @@ from typing import Optional
 
 import torch
 
+from .cache import RowCache, additive_mask, chain_visibility, move_rows, tree_visibility
 from .protocol import PaddedRows, cache_kwarg, crop_cache, new_dynamic_cache
-from .row_cache import RowCache, additive_mask, chain_visibility, move_rows, tree_visibility
 
 __all__ = ["CachedImageLM"]
 

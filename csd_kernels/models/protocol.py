@@ -43,7 +43,7 @@ from typing import Optional, Protocol, runtime_checkable
 
 import torch
 
-from .row_cache import additive_mask, chain_visibility
+from .cache import additive_mask, chain_visibility
 
 __all__ = ["ImageAdapter", "StaticImageAdapter", "cache_kwarg", "crop_cache", "new_dynamic_cache", "is_adapter",
            "is_static_adapter", "is_tree_adapter", "to_uint8_images", "PaddedRows"]

@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..usage import UsageError
+from .usage import UsageError
 
 __all__ = ["MANIFEST", "LOCK", "SUMMARY", "TABLE", "LOG_DIR", "FORMAT", "SETTINGS", "atomic_write", "json_bytes",
            "png_bytes", "item_paths", "item_complete", "RunLock", "check_manifest", "clean_temporaries"]

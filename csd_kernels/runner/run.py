@@ -27,8 +27,7 @@ import torch
 
 from .. import zoo
 from ..decoding import MODES, generate
-from ..usage import UsageError, as_flags, check_out, writable_dir
-from ..validation import TREE_MODES, check, check_backend, check_generate, check_tree
+from ..decoding.validation import TREE_MODES, check, check_backend, check_generate, check_tree
 from .files import (
     FORMAT,
     LOCK,
@@ -47,6 +46,7 @@ from .files import (
 )
 from .group import Dist, close_logger, cpu_count, rank_logger
 from .summary import summarize
+from .usage import UsageError, as_flags, check_out, writable_dir
 
 __all__ = ["image_seed", "work_items", "shard", "read_prompts", "parse_modes", "run", "CRASH_ENV", "MANIFEST", "LOCK",
            "SUMMARY", "TABLE"]
@@ -129,7 +129,7 @@ def run(model: str, prompts_file: str, modes, out: str, *, seed: int = 0, batch_
     """Generate every (mode, prompt) image of the run in ``out`` (skipping complete ones); the summary on rank 0.
 
     Call it in every process of a torchrun job (or in one plain process). Returns the summary dict on rank 0 and
-    None on the other ranks. Bad arguments raise :class:`csd_kernels.usage.UsageError` on rank 0 (SystemExit(2) on
+    None on the other ranks. Bad arguments raise :class:`.usage.UsageError` on rank 0 (SystemExit(2) on
     the other ranks, which print nothing).
     """
     begin = time.perf_counter()
@@ -175,7 +175,7 @@ def _same_verdict(ctx: Dist, check):
 
 
 def _check_arguments(spec: RunSpec, num_threads: Optional[int], device: torch.device) -> list:
-    """Every argument of the run checked by the API's own rules (csd_kernels.validation), before anything is
+    """Every argument of the run checked by the API's own rules (csd_kernels.decoding.validation), before anything is
     loaded or written; returns the modes."""
     modes = parse_modes(spec.modes)
     with as_flags():

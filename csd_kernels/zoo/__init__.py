@@ -137,7 +137,7 @@ def _digits_train_features(classes: tuple[int, ...]) -> np.ndarray:
     """Classifier features of the train-split digits of the prompted classes (the Fréchet reference set)."""
     from .digits import quality
 
-    _, _, y, _ = quality._data_split()
+    _, _, y, _ = quality.data_split()
     return quality.real_features(split="train")[np.isin(y, classes)]
 
 
@@ -145,7 +145,7 @@ def digits_heldout_per_class() -> int:
     """Held-out (test-split) digits of the rarest class: the most images per class the held-out ceiling can match."""
     from .digits import quality
 
-    _, _, _, y = quality._data_split()
+    _, _, _, y = quality.data_split()
     return int(np.bincount(y).min())
 
 
@@ -153,7 +153,7 @@ def _digits_heldout_images(prompts: list[str], seed: int) -> torch.Tensor:
     """Held-out (test-split) digits [N, 32, 32], one per prompt of its class, drawn without replacement by ``seed``."""
     from .digits import quality, upsample
 
-    _, x8, _, y = quality._data_split()
+    _, x8, _, y = quality.data_split()
     labels = [int(p) for p in prompts]
     rng = np.random.default_rng(seed)
     pools = {c: list(rng.permutation(np.flatnonzero(y == c))) for c in set(labels)}

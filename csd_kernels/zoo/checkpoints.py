@@ -186,7 +186,7 @@ def lumina_mgpt(device=None, *, weights=None, size=None, dtype=None, **options) 
 
 def janus_pro(device=None, *, weights=None, dtype=None, **options) -> ZooModel:
     from ..models import JANUS_DEFAULTS, JanusAdapter, janus_prompt
-    from ..models.janus_checkpoint import is_janus_original, janus_tokenizer, load_janus_pro
+    from ..models.janus.checkpoint import is_janus_original, janus_tokenizer, load_janus_pro
 
     _unused("janus-pro", **options)
     _require(weights, "--weights", "Janus-Pro checkpoint folder")
@@ -221,7 +221,7 @@ def _janus_transformers(weights: str, dtype: torch.dtype, device: torch.device):
 def emu3(device=None, *, weights=None, size=None, dtype=None, **options) -> ZooModel:
     from transformers import AutoTokenizer
 
-    from ..models import emu3 as family
+    from ..models.emu3 import adapter as family
 
     _unused("emu3", **options)
     _require(weights, "--weights", "Emu3 checkpoint folder")

@@ -10,7 +10,7 @@
 #include <cmath>
 #include <limits>
 
-#include "../philox.h"
+#include "../include/philox.h"
 
 namespace csd {
 namespace {

@@ -32,8 +32,8 @@
 #include <immintrin.h>
 #endif
 
-#include "../philox.h"
-#include "../verify_row.h"
+#include "../include/philox.h"
+#include "../include/verify_row.h"
 #include "verify_cpu.h"
 
 namespace csd {

@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 
-#include "../verify_row.h"
+#include "../include/verify_row.h"
 
 namespace csd {
 namespace cpu {

@@ -1,6 +1,6 @@
 // CPU kernel of torch.ops.csd_kernels.verify_tree_rows: one row per task (at::parallel_for), the walk of
-// csrc/tree_row.h run by a serial executor. p is computed only at the nodes the walk visits; the vocabulary loops are
-// plain loops over the row's scratch (z, p_j, q_j: [3, V] floats). IEEE fp32 without contraction, fp64 sums.
+// csrc/include/tree_row.h run by a serial executor. p is computed only at the nodes the walk visits; the vocabulary
+// loops are plain loops over the row's scratch (z, p_j, q_j: [3, V] floats). IEEE fp32 without contraction, fp64 sums.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../verify_row.h"
+#include "../include/verify_row.h"
 
 namespace csd {
 namespace cuda {

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "block_ops.cuh"
+#include "../include/block_ops.cuh"
 #include "split.cuh"
 #include "verify.cuh"
 

@@ -6,7 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
-#include "../verify_row.h"  // csd::VerifyProblem
+#include "../include/verify_row.h"  // csd::VerifyProblem
 
 // The vocabulary slice per block of the split path (several blocks per position, for small batches), or 0 for one
 // block per position (the default until CSD_KERNELS_CUDA_SPLIT=1). The caller stores it in args->split_block.

@@ -11,7 +11,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "block_ops.cuh"
+#include "../include/block_ops.cuh"
 #include "split.cuh"
 
 namespace csd {

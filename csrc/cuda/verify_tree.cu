@@ -1,12 +1,12 @@
 // CUDA kernel of torch.ops.csd_kernels.verify_tree_rows (no torch headers: `nvcc -arch=sm_90 -c verify_tree.cu`
-// builds alone). One thread block per row runs the walk of csrc/tree_row.h: every thread follows the same walk, the
-// vocabulary loops are block-strided and combined by the block reductions of block_ops.cuh (the same value in every
+// builds alone). One thread block per row runs the walk of csrc/include/tree_row.h: every thread follows the same
+// walk, the vocabulary loops are block-strided and combined by the block reductions of block_ops.cuh (the same value in every
 // thread, so the walk's control flow stays uniform), and thread 0 writes the outputs. The row's scratch (z, p_j, q_j)
 // is global memory [3, V], resident in L2 for Janus-size vocabularies.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "block_ops.cuh"
+#include "../include/block_ops.cuh"
 #include "verify_tree.cuh"
 
 namespace csd {
@@ -16,7 +16,7 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 
-// The executor of tree_row on one thread block (see csrc/tree_row.h for the interface).
+// The executor of tree_row on one thread block (see csrc/include/tree_row.h for the interface).
 struct BlockExec {
   BlockShared<kWarps>& sh;
 

@@ -4,7 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "../tree_row.h"  // csd::TreeProblem
+#include "../include/tree_row.h"  // csd::TreeProblem
 
 // Enqueues the tree verification (one block per row) on `stream`; returns the cudaError_t of the launch.
 extern "C" int csd_verify_tree_launch(const csd::TreeProblem* problem, cudaStream_t stream);

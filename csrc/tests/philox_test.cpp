@@ -1,11 +1,11 @@
-// Torch-free checks of csrc/philox.h and csrc/verify_row.h: Random123 known-answer vectors for Philox4x32-10, the
-// uniform mapping, and the fp16/bf16 loaders. Built and run by CMakeLists.txt (ctest).
+// Torch-free checks of csrc/include/philox.h and csrc/include/verify_row.h: Random123 known-answer vectors for
+// Philox4x32-10, the uniform mapping, and the fp16/bf16 loaders. Built and run by CMakeLists.txt (ctest).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
-#include "../philox.h"
-#include "../verify_row.h"
+#include "../include/philox.h"
+#include "../include/verify_row.h"
 
 static int failures = 0;
 

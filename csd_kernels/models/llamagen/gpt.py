@@ -172,7 +172,7 @@ class RowKVCache:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """k, v [R, Hkv, T, D] at slots [R, T] -> the layer's keys, values [R, Hkv, capacity, D]."""
-        from ..row_cache import write_rows
+        from ..cache import write_rows
 
         write_rows(self.keys[layer], slots, k)
         write_rows(self.values[layer], slots, v)

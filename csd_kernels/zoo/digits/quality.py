@@ -37,7 +37,7 @@ def downsample_to_8x8(images32) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=1)
-def _data_split():
+def data_split():
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -59,7 +59,7 @@ def classifier():
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    x_tr, _, y_tr, _ = _data_split()
+    x_tr, _, y_tr, _ = data_split()
     # train on the raw 8x8 digits and on the same digits passed through the 8 -> 32 (bilinear)
     # -> 8 (area) round trip that generated images go through, so both domains are covered
     x_rt = _round_trip8(x_tr)
@@ -70,7 +70,7 @@ def classifier():
 
 def heldout_accuracy(round_trip: bool = False) -> float:
     """Accuracy of the classifier on the held-out real 8x8 digits (optionally after the 8->32->8 round trip)."""
-    _, x_te, _, y_te = _data_split()
+    _, x_te, _, y_te = data_split()
     if round_trip:
         x_te = _round_trip8(x_te)
     return float((classifier().predict(x_te) == y_te).mean())
@@ -110,7 +110,7 @@ def real_features(n: int | None = None, split: str = "all", seed: int = 0, round
     if split == "all":
         x = load_digits().data.astype(np.float64)
     elif split in ("train", "test"):
-        x_tr, x_te, _, _ = _data_split()
+        x_tr, x_te, _, _ = data_split()
         x = x_tr if split == "train" else x_te
     else:
         raise ValueError(f"split must be 'all', 'train' or 'test', got {split!r}")

@@ -1,0 +1,249 @@
+"""Tree verification (reference.verify_tree): one program per row walks its draft tree.
+
+The walk visits one node per level (at most M + 1 nodes, the path): at each it finds the node's p in BLOCK_V chunks
+with the chunked path's sweeps (CFG, 1/T, the top-k / top-p / min-p threshold, online max and Z), writes p and the
+level's q into the row's scratch [2, V] while summing H and TVD, then runs RRS over the node's children in rank
+order. A rejected candidate costs two sweeps over the scratch (the masses of max(p − q, 0) and of q without x, then
+the renormalised rows). The emitted token is an inverse-CDF draw from the scratch p (a total sweep, then a search
+sweep through the same chunk carries). No node off the path is ever computed; no path is ever copied.
+"""
+
+import triton
+import triton.language as tl
+
+from .... import reference as ref
+from .chunked import chunk_p, load_z, restrict, restriction_threshold, softmax_sweep
+from .common import S_BAD_LOGITS, acceptance, chunk_cdf, gated_distortion, philox, row_key, uniform
+
+TREE_TAG = tl.constexpr(ref.TREE_STREAM_TAG)
+NO_HIT = tl.constexpr(2147483647)
+
+
+@triton.jit
+def tree_uniforms(slot, off_lo, tag, k0, k1):
+    """(u_accept, u_sample) of the tree stream at ``slot``: counter (slot, 2^31, offset_lo, TAG | row_id)."""
+    s = slot.to(tl.uint32)
+    zero = tl.zeros_like(s)
+    w0, w1, _w2, _w3 = philox(s, zero + 0x80000000, zero + off_lo, zero + tag, zero + k0, zero + k1)
+    return uniform(w0), uniform(w1)
+
+
+@triton.jit
+def _node_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, bad, inv_v, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr,
+            GREEDY: tl.constexpr, RESTRICT: tl.constexpr):
+    """(p, support) of one chunk, 0 / False outside the vocabulary. A node with bad logits has z = 0
+    (reference.target_distribution): p uniform, or one-hot(0) for T = 0."""
+    p, support = chunk_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
+                         RESTRICT, False)
+    p = tl.where(mask, p, 0.0)
+    if GREEDY:
+        fallback = offs == 0
+        p = tl.where(bad, tl.where(fallback, 1.0, 0.0), p)
+        return p, p > 0  # the support of a one-hot p is its token
+    return tl.where(bad, tl.where(mask, inv_v, 0.0), p), tl.where(bad, mask, support & mask)
+
+
+@triton.jit
+def _in_support(c_row, u_row, x, thr, amax, bad, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr,
+                RESTRICT: tl.constexpr):
+    """Whether token x (a valid index) is in the node's support."""
+    if GREEDY:
+        return tl.where(bad, x == 0, x == amax)
+    z = restrict(load_z(c_row, u_row, x, x >= 0, cfg_scale, inv_t, HAS_UNCOND, GREEDY, False), x >= 0, thr,
+                 RESTRICT)
+    return bad | (z > float("-inf"))
+
+
+@triton.jit
+def _load_node(c_row, u_row, q_row, s_qv, has_q, scr_p, scr_q, V, thr, m, z_sum, amax, bad, inv_v, cfg_scale, inv_t,
+               HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, RESTRICT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Write the node's p and its level's q (0 at level M: ``q_row`` is then any valid row) into the scratch;
+    return (H(p), TVD(p, q))."""
+    lane = tl.arange(0, BLOCK_V)
+    h_acc = tl.zeros((), tl.float32)
+    abs_diff = tl.zeros((), tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        offs = v0 + lane
+        mask = offs < V
+        p, _support = _node_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, bad, inv_v, cfg_scale, inv_t,
+                              HAS_UNCOND, GREEDY, RESTRICT)
+        q = tl.where(has_q, tl.load(q_row + offs * s_qv, mask=mask, other=0.0).to(tl.float32), 0.0)
+        tl.store(scr_p + offs, p, mask=mask)
+        tl.store(scr_q + offs, q, mask=mask)
+        h_acc += tl.sum(p * tl.log(tl.where(p > 0, p, 1.0)), 0)
+        abs_diff += tl.sum(tl.abs(p - q), 0)
+    return -h_acc, 0.5 * abs_diff
+
+
+@triton.jit
+def _distortion(c_row, u_row, q_row, s_qv, V, thr, m, z_sum, amax, bad, inv_v, lambda_h, cfg_scale, inv_t,
+                HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, RESTRICT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """csd's closed-form distortion at the node with the gate open: Σ (q·a − min(p, q)) (common.gated_distortion)."""
+    lane = tl.arange(0, BLOCK_V)
+    dist = tl.zeros((), tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        offs = v0 + lane
+        mask = offs < V
+        p, support = _node_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, bad, inv_v, cfg_scale, inv_t,
+                             HAS_UNCOND, GREEDY, RESTRICT)
+        q = tl.load(q_row + offs * s_qv, mask=mask, other=0.0).to(tl.float32)
+        dist += tl.sum(gated_distortion(p, q, lambda_h, support), 0)
+    return dist
+
+
+@triton.jit
+def _rrs_update(scr_p, scr_q, rest_row, s_rv, x, V, BLOCK_V: tl.constexpr):
+    """A rejected candidate x (reference.rrs_step): p <- norm(max(p − q, 0)) (p if that is all 0), q <- rest without
+    x, renormalised (0 if nothing is left). ``rest_row`` may be ``scr_q`` itself (each lane reads before it writes)."""
+    lane = tl.arange(0, BLOCK_V)
+    mass = tl.zeros((), tl.float32)
+    left = tl.zeros((), tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        offs = v0 + lane
+        mask = offs < V
+        p = tl.load(scr_p + offs, mask=mask, other=0.0)
+        q = tl.load(scr_q + offs, mask=mask, other=0.0)
+        rest = tl.load(rest_row + offs * s_rv, mask=mask & (offs != x), other=0.0).to(tl.float32)
+        mass += tl.sum(tl.maximum(p - q, 0.0), 0)
+        left += tl.sum(rest, 0)
+    for v0 in range(0, V, BLOCK_V):
+        offs = v0 + lane
+        mask = offs < V
+        p = tl.load(scr_p + offs, mask=mask, other=0.0)
+        q = tl.load(scr_q + offs, mask=mask, other=0.0)
+        rest = tl.load(rest_row + offs * s_rv, mask=mask & (offs != x), other=0.0).to(tl.float32)
+        new_p = tl.where(mass > 0, tl.maximum(p - q, 0.0) / tl.where(mass > 0, mass, 1.0), p)
+        new_q = tl.where(left > 0, rest / tl.where(left > 0, left, 1.0), 0.0)
+        tl.store(scr_p + offs, new_p, mask=mask)
+        tl.store(scr_q + offs, new_q, mask=mask)
+
+
+@triton.jit
+def _draw(scr_p, u, V, BLOCK_V: tl.constexpr):
+    """reference.inverse_cdf_sample of the scratch p: the first index whose running sum passes u·total (the last
+    positive weight if rounding overshoots); the total and the searched sums come from the same chunk carries."""
+    lane = tl.arange(0, BLOCK_V)
+    carry = tl.zeros((), tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        w = tl.load(scr_p + v0 + lane, mask=v0 + lane < V, other=0.0)
+        _cdf, carry = chunk_cdf(w, carry, lane, BLOCK_V)
+    target = u * carry
+    carry = tl.zeros((), tl.float32)
+    first = tl.full((), NO_HIT, tl.int32)
+    last = tl.full((), -1, tl.int32)
+    for v0 in range(0, V, BLOCK_V):
+        offs = v0 + lane
+        mask = offs < V
+        w = tl.load(scr_p + offs, mask=mask, other=0.0)
+        cdf, carry = chunk_cdf(w, carry, lane, BLOCK_V)
+        first = tl.minimum(first, tl.min(tl.where(mask & (cdf > target), offs, NO_HIT), 0).to(tl.int32))
+        last = tl.maximum(last, tl.max(tl.where(w > 0, offs, -1), 0).to(tl.int32))
+    return tl.where(first < V, first, last).to(tl.int64)
+
+
+@triton.jit(do_not_specialize=["seed_stride", "offset_stride"])
+def tree_kernel(
+    logits_ptr, s_cb, s_cs,
+    uncond_ptr, s_ub, s_us,
+    q_ptr, s_qb, s_ql, s_qv,
+    sib_ptr, s_sb, s_sl, s_sv,
+    node_ptr, s_nb, s_ns,
+    children_ptr, s_kn, s_kr, depth_ptr,
+    seed_ptr, seed_stride, offset_ptr, offset_stride,
+    scratch_ptr,
+    accept_len_ptr, path_ptr, tokens_ptr, acc_ptr, ent_ptr, tvd_ptr, dist_ptr, status_ptr,
+    M, K, V, cfg_scale, inv_t, top_k, top_p, log_min_p, entropy_coef, tvd_threshold,
+    HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr,
+    CSD_RULE: tl.constexpr, PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Grid (B,): the tree walk of row b (module docstring). Outputs [B, M + 1] are kept in registers and stored once;
+    ``scratch_ptr`` [B, 2, V] fp32 holds the walk's current p and q."""
+    b = tl.program_id(0).to(tl.int64)
+    RESTRICT: tl.constexpr = TOP_K or TOP_P or MIN_P
+    k0, k1, row_id = row_key(seed_ptr, seed_stride, b, PER_ROW_SEED)
+    off_lo = (tl.load(offset_ptr + b * offset_stride) & 0xFFFFFFFF).to(tl.uint32)
+    tag = (row_id & 0x3FFFFFFF) | TREE_TAG
+    scr_p = scratch_ptr + b * 2 * V
+    scr_q = scr_p + V
+    inv_v = 1.0 / V  # fp32 (V may be specialised to the constant 1)
+    idx = tl.arange(0, BLOCK_M)
+    path_v = tl.where(idx == 0, 0, -1).to(tl.int64)
+    tok_v = tl.full((BLOCK_M,), -1, tl.int64)
+    acc_v = tl.zeros((BLOCK_M,), tl.float32)
+    ent_v = tl.zeros((BLOCK_M,), tl.float32)
+    tvd_v = tl.zeros((BLOCK_M,), tl.float32)
+    dist_v = tl.zeros((BLOCK_M,), tl.float32)
+    cur = tl.zeros((), tl.int64)
+    done = tl.zeros((), tl.int32)
+    accept_len = tl.zeros((), tl.int64)
+    status = tl.zeros((), tl.int32)
+    for i in range(0, M + 1):
+        if done == 0:
+            c_row = logits_ptr + b * s_cb + cur * s_cs
+            u_row = uncond_ptr + b * s_ub + cur * s_us
+            level = tl.load(depth_ptr + cur)
+            q_level = tl.minimum(level, M - 1)
+            q_row = q_ptr + b * s_qb + q_level * s_ql
+            thr = restriction_threshold(c_row, u_row, V, top_k, top_p, log_min_p, cfg_scale, inv_t, HAS_UNCOND,
+                                        TOP_K, TOP_P, MIN_P, BLOCK_V)
+            bad, m, z_sum, amax, _g = softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, 0, 0, 0, 0, HAS_UNCOND,
+                                                    GREEDY, RESTRICT, False, False, BLOCK_V)
+            status |= tl.where(bad, S_BAD_LOGITS, 0)
+            tl.debug_barrier()  # every thread is done reading the previous node's scratch
+            h, tvd = _load_node(c_row, u_row, q_row, s_qv, level < M, scr_p, scr_q, V, thr, m, z_sum, amax, bad,
+                                inv_v, cfg_scale, inv_t, HAS_UNCOND, GREEDY, RESTRICT, BLOCK_V)
+            tl.debug_barrier()  # the scratch is read below by other threads than the ones that wrote it
+            main = tl.load(children_ptr + cur * s_kn)
+            x_main = tl.load(node_ptr + b * s_nb + tl.maximum(main, 0) * s_ns, mask=main >= 0, other=-1)
+            dist = tl.zeros((), tl.float32)
+            if CSD_RULE:
+                if (x_main >= 0) & (tvd < tvd_threshold):
+                    dist = _distortion(c_row, u_row, q_row, s_qv, V, thr, m, z_sum, amax, bad, inv_v,
+                                       entropy_coef * h, cfg_scale, inv_t, HAS_UNCOND, GREEDY, RESTRICT, BLOCK_V)
+            ent_v = tl.where(idx == i, h, ent_v)
+            tvd_v = tl.where(idx == i, tvd, tvd_v)
+            dist_v = tl.where(idx == i, dist, dist_v)
+            chosen = tl.full((), -1, tl.int64)
+            chosen_x = tl.full((), -1, tl.int64)
+            chosen_a = tl.zeros((), tl.float32)
+            for r in range(0, K):
+                slot = tl.load(children_ptr + cur * s_kn + r * s_kr)
+                x = tl.load(node_ptr + b * s_nb + tl.maximum(slot, 0) * s_ns, mask=slot >= 0, other=-1).to(tl.int64)
+                if (chosen < 0) & (x >= 0) & (x < V):
+                    sup = _in_support(c_row, u_row, x, thr, amax, bad, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
+                                      RESTRICT)
+                    q_x = tl.where(sup, tl.load(scr_q + x), 0.0)
+                    a_rule, a_strict = acceptance(tl.load(scr_p + x), q_x, h, tvd, entropy_coef, tvd_threshold,
+                                                  CSD_RULE)
+                    a = tl.where(r == 0, a_rule, a_strict)  # csd relaxes the main draft only
+                    u_acc, _u = tree_uniforms(slot, off_lo, tag, k0, k1)
+                    if u_acc < a:
+                        chosen = slot
+                        chosen_x = x
+                        chosen_a = a
+                    else:
+                        if r == 0:  # the siblings were drawn from sibling_q: it is the next q
+                            _rrs_update(scr_p, scr_q, sib_ptr + b * s_sb + q_level * s_sl, s_sv, x, V, BLOCK_V)
+                        else:
+                            _rrs_update(scr_p, scr_q, scr_q, 1, x, V, BLOCK_V)
+                        tl.debug_barrier()
+            if chosen >= 0:
+                acc_v = tl.where(idx == i, chosen_a, acc_v)
+                path_v = tl.where(idx == i + 1, chosen, path_v)
+                tok_v = tl.where(idx == i, chosen_x, tok_v)
+                cur = chosen
+            else:
+                _u, u_smp = tree_uniforms(cur, off_lo, tag, k0, k1)
+                tok_v = tl.where(idx == i, _draw(scr_p, u_smp, V, BLOCK_V), tok_v)
+                accept_len = tl.zeros((), tl.int64) + i
+                done = tl.full((), 1, tl.int32)
+    out = b * (M + 1) + idx
+    live = idx < M + 1
+    tl.store(path_ptr + out, path_v, mask=live)
+    tl.store(tokens_ptr + out, tok_v, mask=live)
+    tl.store(acc_ptr + out, acc_v, mask=live)
+    tl.store(ent_ptr + out, ent_v, mask=live)
+    tl.store(tvd_ptr + out, tvd_v, mask=live)
+    tl.store(dist_ptr + out, dist_v, mask=live)
+    tl.store(accept_len_ptr + b, accept_len)
+    tl.store(status_ptr + b, status)

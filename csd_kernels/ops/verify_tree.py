@@ -1,0 +1,219 @@
+"""The public ``verify_tree`` op: argument checks, the ``torch.library`` registration, and backend dispatch.
+
+``csd_kernels::verify_tree`` is one custom op (schema + fake, so ``torch.compile(fullgraph=True)`` sees through it)
+whose ``backend`` argument names the implementation: ``torch`` (reference.verify_tree, the definition), ``triton``
+(csd_kernels.backends.triton.verify_tree), ``cpu`` / ``cuda`` (the compiled ``csd_kernels::verify_tree_rows``,
+csrc/include/tree_row.h, whose fake is registered here too). See docs/trees.md, "The fused op".
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from .. import reference as ref
+from ..backends.compiled import has_tree, verify_tree_rows
+from .checks import SeedLike, check_device, check_logits, check_nucleus, check_scalars, philox_word, word_tensor
+from .registry import select_tree_backend
+
+__all__ = ["TreeResult", "verify_tree"]
+
+TreeResult = ref.TreeResult
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Backends behind one op (the positional contract of backends.triton.verify_tree.verify_tree_triton)
+# ----------------------------------------------------------------------------------------------------------------------
+def _torch_backend(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching,
+                   depth_limit, cfg_scale, temperature, top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed,
+                   offset):
+    layout = device_layout(branching, depth_limit, target_logits.shape[1], target_logits.device)
+    out = ref.verify_tree(target_logits, node_tokens, draft_probs, layout, uncond_logits=uncond_logits,
+                          cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None,
+                          top_p=top_p if top_p < 1.0 else None, min_p=min_p or None, rule=ref.RULES[rule],
+                          entropy_coef=entropy_coef, tvd_threshold=tvd_threshold, sibling_probs=sibling_probs,
+                          seed=seed, offset=offset)
+    return (out.accept_len, out.path, out.tokens, out.accept_prob.float(), out.entropy.float(), out.tvd.float(),
+            out.distortion.float(), out.status)
+
+
+def _triton_backend(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching,
+                    depth_limit, *scalars):
+    from ..backends.triton.verify_tree import verify_tree_triton  # optional (triton), imported on first use
+
+    uncond = None if uncond_logits is None else uncond_logits.contiguous()
+    return verify_tree_triton(target_logits.contiguous(), uncond, node_tokens, draft_probs, sibling_probs, children,
+                              depth, *scalars)
+
+
+_BACKEND_FUNCTIONS = {"torch": _torch_backend, "triton": _triton_backend, "cpu": verify_tree_rows,
+                      "cuda": verify_tree_rows}
+
+
+@functools.lru_cache(maxsize=32)
+def device_layout(branching: int, depth_limit: int, slots: int, device: torch.device) -> ref.TreeLayout:
+    """reference.tree_layout(K, D, S) with its tensors on ``device``, made once (no copy per call; the decoding loop
+    binds this same object, so its first iteration does what the others do)."""
+    return ref.tree_layout(branching, depth_limit, slots).to(device)
+
+
+@torch.library.custom_op("csd_kernels::verify_tree", mutates_args=())
+def _verify_tree_op(
+    target_logits: torch.Tensor,
+    uncond_logits: Optional[torch.Tensor],
+    node_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    sibling_probs: Optional[torch.Tensor],
+    children: torch.Tensor,
+    depth: torch.Tensor,
+    branching: int,
+    depth_limit: int,
+    cfg_scale: float,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    rule: int,
+    entropy_coef: float,
+    tvd_threshold: float,
+    seed: torch.Tensor,
+    offset: torch.Tensor,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,  # the 8 fields of TreeResult, in order
+           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    outputs = _BACKEND_FUNCTIONS[backend](
+        target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching,
+        depth_limit, cfg_scale, temperature, top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed, offset)
+    return tuple(outputs)
+
+
+def _fake_outputs(target_logits: torch.Tensor, draft_probs: torch.Tensor):
+    batch, nodes = target_logits.shape[0], draft_probs.shape[1] + 1
+    per_node = lambda dtype: target_logits.new_empty((batch, nodes), dtype=dtype)  # noqa: E731
+    return (target_logits.new_empty((batch,), dtype=torch.int64), per_node(torch.int64), per_node(torch.int64),
+            per_node(torch.float32), per_node(torch.float32), per_node(torch.float32), per_node(torch.float32),
+            target_logits.new_empty((batch,), dtype=torch.int32))
+
+
+@_verify_tree_op.register_fake
+def _(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching, depth_limit,
+      cfg_scale, temperature, top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed, offset, backend):
+    return _fake_outputs(target_logits, draft_probs)
+
+
+if has_tree():
+
+    @torch.library.register_fake("csd_kernels::verify_tree_rows")
+    def _(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, cfg_scale, temperature,
+          top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed, offset):
+        return _fake_outputs(target_logits, draft_probs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The public op
+# ----------------------------------------------------------------------------------------------------------------------
+def verify_tree(
+    target_logits: torch.Tensor,
+    node_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    layout: ref.TreeLayout,
+    *,
+    uncond_logits: Optional[torch.Tensor] = None,
+    cfg_scale: float = 1.0,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    min_p: Optional[float] = None,
+    rule: str = "strict",
+    entropy_coef: float = 0.5,
+    tvd_threshold: float = 0.65,
+    sibling_probs: Optional[torch.Tensor] = None,
+    seed: SeedLike,
+    offset: SeedLike,
+    backend: Optional[str] = None,
+) -> TreeResult:
+    """Verify a window of draft trees in one pass over the tree's unique nodes (reference.verify_tree defines it).
+
+    From the root, p is computed at each visited node (CFG, temperature, top-k / top-p / min-p as in verify), its
+    children are tested in rank order by recursive rejection sampling (the main draft by ``rule``, siblings strictly
+    against ``sibling_probs``, the law they were drawn from; default draft_probs), the first accepted child is the next
+    node, and when none is, a token is drawn from the last residual. The uniforms come from the tree stream
+    (reference.tree_uniforms) keyed by ``seed`` and ``offset`` (the row's attempt count).
+    A node token outside [-1, V) is a missing candidate and sets STATUS_BAD_DRAFT_TOKEN in ``status``; a visited node
+    with bad logits (NaN, +inf, no finite logit) sets STATUS_BAD_LOGITS; a level of draft_probs or sibling_probs
+    with a negative or non-finite value, or not summing to 1 within PROB_SUM_TOLERANCE, is used as zero (its candidates
+    are rejected, the node emits from p) and sets STATUS_BAD_DRAFT_PROBS. Never syncs with the host.
+
+    Shape: target_logits, uncond_logits [B, S, V] float32/bfloat16/float16 (S = the layout's slots); node_tokens
+    [B, S] integer (slot 0 unused, -1: missing); draft_probs, sibling_probs [B, M, V] float32 (M = layout.levels);
+    seed an int in [0, 2^64) or int64 tensor of 1 or B elements, offset an int in [0, 2^63) or int64 tensor of 1 or
+    B elements. Returns TreeResult: accept_len [B] int64, path, tokens [B, M + 1] int64, accept_prob, entropy, tvd,
+    distortion [B, M + 1] float32, status [B] int32.
+    """
+    target_logits = check_logits("target_logits", target_logits)
+    batch, slots, vocab = target_logits.shape
+    device = target_logits.device
+    levels = _check_layout(layout, slots)
+    _check_node_tokens(node_tokens, batch, slots, device)
+    _check_probs("draft_probs", draft_probs, (batch, levels, vocab), device)
+    if sibling_probs is not None:
+        _check_probs("sibling_probs", sibling_probs, (batch, levels, vocab), device)
+    # bad tokens and q rows made safe once, here, for every backend (the reference does the same, idempotently)
+    node_tokens, draft_probs, sibling_probs, status_in = ref.tree_inputs(node_tokens, draft_probs, sibling_probs,
+                                                                         vocab)
+    if uncond_logits is not None:
+        uncond_logits = check_logits("uncond_logits", uncond_logits, (batch, slots, vocab))
+        check_device("uncond_logits", uncond_logits, device)
+        if uncond_logits.dtype != target_logits.dtype:
+            raise ValueError(f"uncond_logits must have the dtype of target_logits ({target_logits.dtype}), got "
+                             f"{uncond_logits.dtype}")
+    cfg_scale, temperature, top_k, rule_code, entropy_coef, tvd_threshold, _ = check_scalars(
+        uncond_logits is not None, cfg_scale, temperature, top_k, rule, entropy_coef, tvd_threshold, "independent")
+    top_p, min_p = check_nucleus(top_p, min_p)
+    seed = word_tensor(philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64), device)
+    offset = word_tensor(philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63), device)
+    chosen = select_tree_backend(backend, device)
+    compiling = torch.compiler.is_compiling()
+    on_device = layout.children.device == device
+    tree = layout if compiling or on_device else device_layout(layout.branching, layout.depth_limit, slots, device)
+    args = (target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, tree.children.to(device),
+            tree.depth.to(device), layout.branching, layout.depth_limit, cfg_scale, temperature, top_k, top_p, min_p,
+            rule_code, entropy_coef, tvd_threshold, seed, offset)
+    if compiling:
+        outputs = _verify_tree_op(*args, chosen)  # the registered op: traced through its fake implementation
+    else:  # eager: the same implementation without the dispatcher's per-call cost
+        with torch.no_grad():
+            outputs = _BACKEND_FUNCTIONS[chosen](*args)
+    result = TreeResult(*outputs)
+    result.status = result.status | status_in
+    return result
+
+
+def _check_layout(layout, slots: int) -> int:
+    """The layout's draft levels M; the layout must be reference.tree_layout(K, D, S) for these S slots."""
+    if not isinstance(layout, ref.TreeLayout):
+        raise ValueError(f"layout must be a reference.TreeLayout (reference.tree_layout(K, D, S)), got "
+                         f"{type(layout).__name__}")
+    if layout.children.shape[0] != slots:
+        raise ValueError(f"layout has {layout.children.shape[0]} slots but target_logits has S = {slots}")
+    return layout.levels
+
+
+def _check_node_tokens(node_tokens, batch: int, slots: int, device) -> None:
+    if not isinstance(node_tokens, torch.Tensor) or node_tokens.dtype.is_floating_point or node_tokens.dtype in (
+            torch.bool, torch.complex64, torch.complex128):
+        got = getattr(node_tokens, "dtype", type(node_tokens).__name__)
+        raise ValueError(f"node_tokens must be an integer tensor, got {got}")
+    if node_tokens.shape != (batch, slots):
+        raise ValueError(f"node_tokens must have shape [B, S] = {(batch, slots)}, got {tuple(node_tokens.shape)}")
+    check_device("node_tokens", node_tokens, device)
+
+
+def _check_probs(name: str, probs, shape: tuple, device) -> None:
+    if not isinstance(probs, torch.Tensor) or probs.dtype != torch.float32:
+        raise ValueError(f"{name} must be a float32 tensor, got {getattr(probs, 'dtype', type(probs).__name__)}")
+    if probs.shape != shape:
+        raise ValueError(f"{name} must have shape [B, M, V] = {shape} (M = layout.levels), got {tuple(probs.shape)}")
+    check_device(name, probs, device)
