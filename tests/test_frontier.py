@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from csd_kernels import cli
+from csd_kernels.cli import commands as cli
 from csd_kernels.bench import frontier
 from csd_kernels.bench.frontier import Setting
 from csd_kernels.zoo import DIGITS_MEASURES, Measure

@@ -75,7 +75,7 @@ def main(argv=None) -> None:
     ap.add_argument("--cfg", default="1,2,3,5")
     ap.add_argument("--images", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--top-k", type=int, default=None)
+    ap.add_argument("--top-k", type=int, default=None, help="sample from the k most likely codes (default: all)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--grid", default=None, help="write the first 32 samples of the first cfg as a PNG here")
