@@ -13,8 +13,8 @@ from .world import BACKGROUNDS, CELLS, COLOURS, SHAPES, parse_prompt, random_pro
 DEFAULT_CFG = 2.0  # chosen by AR adherence over cfg x top-k, 200 images (the README of this model)
 DEFAULT_TOP_K = 200
 
-__all__ = ["BACKGROUNDS", "CELLS", "COLOURS", "SHAPES", "DEFAULT_CFG", "DEFAULT_TOP_K", "parse_prompt", "random_prompts",
-           "render", "zoo_model"]
+__all__ = ["BACKGROUNDS", "CELLS", "COLOURS", "SHAPES", "DEFAULT_CFG", "DEFAULT_TOP_K", "parse_prompt",
+           "random_prompts", "render", "zoo_model"]
 
 
 def zoo_model(device=None, weights=None):
@@ -43,8 +43,7 @@ def zoo_model(device=None, weights=None):
                         log_scale=True),
                 Measure("background_accuracy", "background", True, "background kind read from pixels"))
     return ZooModel("scenes", model, parse, defaults=dict(cfg_scale=DEFAULT_CFG, top_k=DEFAULT_TOP_K),
-                    quality=measure,
-                    heldout_quality=ceiling,
+                    quality=measure, heldout_quality=ceiling,
                     prompt_help="objects 'COLOUR SHAPE CELL' separated by ';' and an optional 'on flat|gradient|noise'",
                     measures=measures, ceiling_label="rendered scenes, tokenizer round trip")
 
