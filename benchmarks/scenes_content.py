@@ -13,9 +13,8 @@ probability of the draft there; 0 where the token was drawn without a draft) giv
 Where the objects are comes from the generated image's pixels alone (the adherence checker's segmentation,
 ``checker.object_mask``): a token (a 4x4 patch) is an *object* token when all 16 pixels are an object's, *edge*
 when some are, *background* when none are. The background kind is read from the pixels too
-(``checker.background_kind``). Per mode and class: the share of tokens, the mean entropy, acceptance (over every
-token, and over the tokens that had a draft: the first token of a window has none and counts 0 in the map), TVD
-and distortion; then the same by background kind; then csd − sjd.
+(``checker.background_kind``). Per mode and class: the share of tokens, the mean entropy, acceptance probability a(x)
+of the draft tested there (the token where a window's walk stopped counts its low a(x)), TVD and distortion; then the same by background kind; then csd − sjd.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from csd_kernels.zoo.scenes import checker
 from csd_kernels.zoo.scenes.tokenizer import GRID, PATCH
 
 CLASSES = ("background", "edge", "object")
-STATS = ("entropy", "accept", "tvd", "distortion")  # the maps; accept_drafted: accept where a draft was
+STATS = ("entropy", "accept", "tvd", "distortion")  # the maps
 
 
 def token_classes(image: np.ndarray) -> np.ndarray:
@@ -57,9 +56,6 @@ def summarise(records: list[dict]) -> dict:
         for stat in STATS:
             values = np.stack([r[stat] for r in records])[mask]
             row[stat] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
-        drafted = mask & np.isfinite(np.stack([r["tvd"] for r in records]))  # TVD is NaN where no draft was
-        row["accept_drafted"] = float(np.stack([r["accept"] for r in records])[drafted].mean()) if drafted.any() \
-            else float("nan")
         out[name] = row
     return out
 
@@ -81,21 +77,19 @@ def measure(entry, modes: list[str], images: int, batch: int) -> tuple[dict, flo
 
 
 def format_table(per_mode: dict) -> str:
-    lines = ["| mode | background kind | tokens | share | H(p) nats | acceptance | acceptance of drafts | TVD(p, q) | "
-             "distortion |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| mode | background kind | tokens | share | H(p) nats | acceptance a(x) | TVD(p, q) | distortion |",
+             "|---|---|---|---|---|---|---|---|"]
     for mode, res in per_mode.items():
         for kind, table in [("all", res["all"]), *res["by_background"].items()]:
             for name, r in table.items():
                 lines.append(f"| {mode} | {kind} | {name} | {r['share']:.3f} | {r['entropy']:.2f} | "
-                             f"{r['accept']:.3f} | {r['accept_drafted']:.3f} | {r['tvd']:.3f} | "
+                             f"{r['accept']:.3f} | {r['tvd']:.3f} | "
                              f"{r['distortion']:.4f} |")
     if {"csd", "sjd"} <= set(per_mode):
-        lines += ["", "| csd − sjd | tokens | Δ acceptance | Δ acceptance of drafts | Δ H(p) |",
-                  "|---|---|---|---|---|"]
+        lines += ["", "| csd − sjd | tokens | Δ acceptance | Δ H(p) |", "|---|---|---|---|"]
         for name in CLASSES:
             c, s = per_mode["csd"]["all"][name], per_mode["sjd"]["all"][name]
-            lines.append(f"| all | {name} | {c['accept'] - s['accept']:+.3f} | "
-                         f"{c['accept_drafted'] - s['accept_drafted']:+.3f} | {c['entropy'] - s['entropy']:+.2f} |")
+            lines.append(f"| all | {name} | {c['accept'] - s['accept']:+.3f} | {c['entropy'] - s['entropy']:+.2f} |")
     return "\n".join(lines)
 
 
