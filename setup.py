@@ -79,7 +79,7 @@ def _extensions():
 ext_modules, cmdclass = _extensions()
 
 MODELS = ["transformers>=4.52", "safetensors"]  # the Janus / Lumina-mGPT adapters and checkpoint loaders
-CLI = MODELS + ["tqdm", "pillow", "matplotlib", "scikit-learn"]  # the csd command and the shipped digits model
+CLI = MODELS + ["tqdm", "pillow", "matplotlib", "scikit-learn", "scipy"]  # the csd command and the shipped zoo models
 TEST = CLI + ["pytest", "pytest-benchmark", "hypothesis", "triton", "ruff"]
 
 setup(
@@ -87,7 +87,8 @@ setup(
     version="0.1.0",
     description="Fused kernels for Content-aware Speculative Decoding (CSD) verification",
     packages=find_packages(include=["csd_kernels", "csd_kernels*"]),
-    package_data={"csd_kernels.zoo.digits": ["weights/*", "README*"]},
+    package_data={"csd_kernels.zoo.digits": ["weights/*", "README*"],
+                  "csd_kernels.zoo.scenes": ["weights/*", "README*"]},
     include_package_data=True,
     python_requires=">=3.9",
     # the kernels need torch and numpy only; the model adapters, the csd command and the tests are extras
