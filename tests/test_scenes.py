@@ -227,6 +227,16 @@ def test_the_shipped_model_generates_576_tokens_in_every_mode(entry, mode):
     assert entry.model.decode(out.tokens).shape == (1, 96, 96, 3)
 
 
+def test_the_static_loop_runs_a_wide_window_past_the_learned_positions(entry):
+    """The static loop feeds W slots from each row's n, past the image's last token near the end: prompt 10 + 576 +
+    W 64 > the 640 learned positions. It completes, with the eager loop's tokens and passes (B = 1)."""
+    from csd_kernels import generate
+
+    kw = dict(**entry.prompt_inputs(PROMPTS[:1]), mode="sjd", window=64, seed=0, **entry.defaults)
+    eager, static = generate(entry.model, **kw), generate(entry.model, static=True, **kw)
+    assert torch.equal(static.tokens, eager.tokens) and static.forward_passes == eager.forward_passes
+
+
 def test_greedy_csd_equals_greedy_ar_on_scenes(entry):
     from csd_kernels import generate
 

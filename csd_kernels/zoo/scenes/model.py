@@ -63,7 +63,10 @@ class PositionalLlamaModel(LlamaModel):
             cache = kwargs.get("cache", kwargs.get("past_key_values"))
             start = cache.get_seq_length() if cache is not None else 0
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + start)[None]
-        inputs_embeds = inputs_embeds + self.embed_positions(position_ids)
+        # The static loop feeds a window past the image's last token (slots whose outputs it never reads): up to
+        # prompt + grid + window - 1; the learned table ends at the last real position, so those share its row.
+        last = self.embed_positions.num_embeddings - 1
+        inputs_embeds = inputs_embeds + self.embed_positions(position_ids.clamp(max=last))
         return super().forward(inputs_embeds=inputs_embeds, position_ids=position_ids, **kwargs)
 
 
