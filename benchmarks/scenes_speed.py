@@ -23,6 +23,7 @@ import argparse
 
 import numpy as np
 import scenes_common as common
+import torch
 
 from csd_kernels.zoo.scenes.tokenizer import TOKENS_PER_IMAGE
 
@@ -96,6 +97,8 @@ def main() -> None:
     parser.add_argument("--tree-window", dest="tree_window", type=int, default=32)
     parser.add_argument("--only", default=None, help="comma-separated setting labels to run (default: all)")
     args = parser.parse_args()
+    # every (setting, batch) recompiles the same static step: dynamo's default limit (8) ends the run part-way
+    torch._dynamo.config.recompile_limit = 256
     entry = common.load(args)
     trees = [] if args.trees == "none" else [tuple(int(v) for v in t.split("x")) for t in args.trees.split(",")]
     runs = settings([int(w) for w in args.windows.split(",")], trees, args.tree_window)
