@@ -169,7 +169,7 @@ def _reusing_build_ext(base, torch_id):
 ext_modules, cmdclass = _extensions()
 
 MODELS = ["transformers>=4.52", "safetensors"]  # the Janus / Lumina-mGPT adapters and checkpoint loaders
-CLI = MODELS + ["tqdm", "pillow", "matplotlib", "scikit-learn"]  # the csd command and the shipped digits model
+CLI = MODELS + ["tqdm", "pillow", "matplotlib", "scikit-learn", "scipy"]  # the csd command and the shipped zoo models
 TEST = CLI + ["pytest", "pytest-benchmark", "hypothesis", "triton", "ruff"]
 
 if __name__ == "__main__":  # as pip and `python setup.py` run it; tests/test_packaging.py imports it

@@ -47,7 +47,7 @@ def main() -> None:
         results[label]["settings"] = settings
     for label in results:  # one ar baseline for every row
         results[label]["speedup"] = results["ar"]["passes"]["mean"] / results[label]["passes"]["mean"]
-    table = format_compare(results)
+    table = format_compare(results, entry.measures)
     print(table)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:

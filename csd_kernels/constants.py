@@ -19,4 +19,6 @@ DEFAULT_GROUP_RANK = 12
 DEFAULT_GROUP_DELTA = 0.15
 BACKENDS = ("triton", "cuda", "cpu", "torch")  # verify backends; which can run where: ops.registry.backend_status
 # the models the package ships (zoo/), first among csd --model's choices: {name: its line in the --model help}
-SHIPPED_MODELS = {"digits": "the shipped digits model, weights in the package; prompts: class ids 0..9"}
+SHIPPED_MODELS = {"digits": "the shipped digits model, weights in the package; prompts: class ids 0..9",
+                  "scenes": "the shipped scenes model (576 tokens), weights in the package; prompts: e.g. "
+                             "'red circle top-left; blue square center; on noise'"}

@@ -1,13 +1,16 @@
 """csd sweep / csd_kernels.bench.frontier: the grid, the Pareto analysis, a small end-to-end sweep, bad input."""
 
 import csv
+import dataclasses
 import json
 
 import pytest
 
-from csd_kernels import cli
 from csd_kernels.bench import frontier
 from csd_kernels.bench.frontier import Setting
+from csd_kernels.cli import commands as cli
+from csd_kernels.cli import main as csd_main
+from csd_kernels.zoo import DIGITS_MEASURES, Measure
 
 
 def _row(passes, accuracy, frechet, std=0.0):
@@ -59,11 +62,11 @@ def test_pareto_and_answers():
             "d": _row(100, 0.95, 9.0)}  # best quality
     grid = {"ar": Setting("ar", "ar"), "a": Setting("a", "csd", "maximal", 0.1, 0.3),
             "b": Setting("b", "sjd", "maximal"), "c": Setting("c", "gsd"), "d": Setting("d", "sjd", "gumbel")}
-    out = frontier.answers(rows, grid)
+    out = frontier.answers(rows, grid, DIGITS_MEASURES)
     assert out["pareto"] == ["c", "a", "d"]  # by passes; ar is dominated by d
     assert out["fast_inside_ar_band"] == ["a"]  # c is 4.3x but outside the band, d is 2.6x
     assert out["best_lossless"] == "b"  # the lossless setting with the fewest passes (d: 100, b: 90)
-    assert not frontier.inside_band(rows["b"], rows["ar"])
+    assert not frontier.inside_band(rows["b"], rows["ar"], DIGITS_MEASURES)
 
 
 def test_small_sweep(tmp_path):
@@ -97,7 +100,7 @@ def test_small_sweep(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--couplings", "maximal,best"], "--couplings best: expected one of"),
     (["--lambdas", "0,half"], "--lambdas: expected comma-separated numbers"),
-    (["--model", "llamagen"], "only digits has one"),
+    (["--model", "llamagen"], "only digits and scenes have one"),
     (["--model", "nope"], "unknown model"),
     (["--per-class", "0"], "--per-class 0: expected an int in [1, "),
     (["--trees", "3x2,3"], "--trees: expected comma-separated KxD"),
@@ -106,9 +109,79 @@ def test_small_sweep(tmp_path):
 ])
 def test_sweep_bad_input(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(frontier, "sweep", lambda *args, **kwargs: pytest.fail("the sweep ran before the check"))
-    assert cli.main(["sweep", "--out", str(tmp_path / "f"), *argv]) == 2
+    assert csd_main(["sweep", "--out", str(tmp_path / "f"), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_digits_outputs_are_unchanged_by_the_measures():
+    """The measures refactor keeps digits' table, CSV columns, compare and run tables, text for text: the table of the
+    committed frontier (written by the code before it) and literals the code before it printed."""
+    from csd_kernels.runner.summary import format_table as run_table
+
+    result = json.load(open("docs/img/digits_frontier.json"))
+    result.update(measures=[dataclasses.asdict(m) for m in DIGITS_MEASURES], ceiling="held-out real digits")
+    assert frontier.format_table(result) == result["pareto_table"]
+    r = lambda mean, std: {"mean": mean, "std": std}  # noqa: E731
+    results = {"ar": {"passes": r(256.0, 0.0), "wall": r(1.234, 0.05), "distortion": r(0.0, 0.0),
+                      "accuracy": r(0.9625, 0.0125), "frechet": r(4.01, 0.33), "speedup": 1.0},
+               "csd+maximal": {"passes": r(64.25, 1.5), "wall": r(0.4, 0.01), "distortion": r(0.01234, 0.001),
+                               "accuracy": r(0.875, 0.025), "frechet": r(6.9, 0.5), "speedup": 3.98}}
+    assert cli.format_compare(results, DIGITS_MEASURES) == (
+        "run              passes/img speed-up       wall s distortion      accuracy       Fréchet\n" + "-" * 88 + "\n"
+        "ar                256.0±0.0    1.00x    1.23±0.05     0.0000   0.963±0.013     4.01±0.33\n"
+        "csd+maximal        64.2±1.5    3.98x    0.40±0.01     0.0123   0.875±0.025     6.90±0.50")
+    mode = lambda passes, std, speedup, wall, dist, **quality: {  # noqa: E731
+        "images": 20, "forward_passes_per_image": r(passes, std), "speedup_vs_ar": speedup, "wall_seconds": wall,
+        "wall_seconds_per_image": wall / 20, "mean_distortion": dist, **quality}
+    summary = {"world_size": 1, "measures": [dataclasses.asdict(m) for m in DIGITS_MEASURES],
+               "per_mode": {"ar": mode(256.0, 0.0, 1.0, 11.5, 0.0, accuracy=0.95, frechet=4.25),
+                            "csd": mode(64.3, 3.2, 3.98, 3.5, 0.0123, accuracy=0.85)}}
+    assert run_table(summary) == (
+        "mode    images       passes/img  speed-up    wall s    s/img distortion  accuracy   Fréchet\n"
+        + "-" * 91 + "\n"
+        "ar          20     256.0±0.0        1.00x     11.50    0.575     0.0000     0.950      4.25\n"
+        "csd         20      64.3±3.2        3.98x      3.50    0.175     0.0123     0.850       nan\n"
+        "(1 process(es); wall s = generation seconds summed over ranks; speed-up = ar passes / passes per image)")
+
+
+def test_compare_table_takes_the_models_measures():
+    """Scenes' columns; a measure a run could not give (no background named in the prompt) is a dash, not a crash."""
+    up, down, bg = (Measure("adherence", "adherence", True, "a"), Measure("frechet", "Fréchet", False, "f", ".2f"),
+                    Measure("background_accuracy", "background", True, "b"))
+    r = lambda mean: {"mean": mean, "std": 0.0}  # noqa: E731
+    results = {"ar": {"passes": r(576.0), "wall": r(9.0), "distortion": r(0.0), "adherence": r(0.75),
+                      "frechet": r(3.5), "speedup": 1.0}}
+    table = cli.format_compare(results, (up, down, bg)).splitlines()
+    assert table[0].split()[-3:] == ["adherence", "Fréchet", "background"]
+    assert table[2].split()[-3:] == ["0.750±0.000", "3.50±0.00", "-"]
+
+
+def test_band_and_pareto_follow_the_measures():
+    """Three measures, two directions: a setting outside ar's band on any one of them is outside; the Pareto set and
+    csd against gsd by every measure."""
+    up, down, bg = (Measure("adherence", "adherence", True, "a"), Measure("frechet", "Fréchet", False, "f"),
+                    Measure("background_accuracy", "background", True, "b"))
+
+    def row(passes, a, f, b, std=0.0):
+        return {"passes": {"mean": passes, "std": 0.0}, "adherence": {"mean": a, "std": std},
+                "frechet": {"mean": f, "std": std}, "background_accuracy": {"mean": b, "std": std}}
+
+    rows = {"ar": row(576, 0.80, 10.0, 0.90, std=0.02),
+            "csd a": row(150, 0.79, 10.01, 0.89),  # inside on all three
+            "csd b": row(120, 0.80, 9.0, 0.85),  # the background outside
+            "gsd": row(150, 0.70, 12.0, 0.89),  # dominated by csd a
+            "gsd k=4 δ=0.05": row(100, 0.60, 20.0, 0.5)}  # fastest: dominated by nothing
+    grid = {"ar": Setting("ar", "ar"), "csd a": Setting("csd a", "csd", "maximal", 0.1, 0.3),
+            "csd b": Setting("csd b", "csd", "maximal", 0.5, 0.65), "gsd": Setting("gsd", "gsd"),
+            "gsd k=4 δ=0.05": Setting("gsd k=4 δ=0.05", "gsd", group_rank=4, group_delta=0.05)}
+    out = frontier.answers(rows, grid, (up, down, bg))
+    assert out["fast_inside_ar_band"] == ["csd a"] and out["fewest_inside_ar_band"] == "csd a"
+    assert frontier.inside_band(rows["csd b"], rows["ar"], (up, down))  # the background decides
+    assert out["pareto"] == ["gsd k=4 δ=0.05", "csd b", "csd a", "ar"]  # gsd: dominated by csd a
+    assert out["csd_vs_gsd"] == {"gsd_dominated_by": {"gsd": ["csd a"], "gsd k=4 δ=0.05": []},
+                                 "csd_front_dominated_by": {"csd b": [], "csd a": []}}
+    assert frontier.answers(rows, grid, (up, down))["fewest_inside_ar_band"] == "csd b"
 
 
 def test_digits_heldout_quality():
@@ -121,3 +194,86 @@ def test_digits_heldout_quality():
     assert entry.heldout_quality(prompts, 0)["accuracy"] == pytest.approx(quality.heldout_accuracy(round_trip=True))
     with pytest.raises(ValueError, match="class 3: .* held-out digits"):
         entry.heldout_quality(prompts + ["3"], 0)
+
+
+# ------------------------------------------------------------------ scenes: a tiny random-weight model of its format
+@pytest.fixture(scope="module")
+def tiny_scenes(tmp_path_factory):
+    """A scenes-format checkpoint (config.json, model.safetensors) of a tiny random-weight GPT: no real model, the
+    plumbing only; it runs with the shipped tokenizer."""
+    from csd_kernels.zoo.scenes.model import build_lm, save_lm
+
+    folder = tmp_path_factory.mktemp("tiny_scenes")
+    save_lm(build_lm(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=2), folder)
+    return str(folder)
+
+
+@pytest.fixture
+def small_basis(monkeypatch):
+    """The scenes Fréchet features on 200 rendered scenes instead of 2000 (8 CPU s): the plumbing, not the measure."""
+    import functools
+
+    from csd_kernels.zoo.scenes import checker
+
+    full = checker._basis
+    monkeypatch.setattr(checker, "_basis", functools.lru_cache(maxsize=1)(lambda: full.__wrapped__(n=200)))
+
+
+@pytest.mark.filterwarnings("ignore:Matrix is singular")  # a Fréchet distance of 2 images in 48 dimensions
+def test_scenes_sweep_end_to_end(tiny_scenes, small_basis, tmp_path, capsys):
+    """csd sweep --model scenes: the fixed prompt mix, the scenes measures in every output, gsd's own grid, the
+    ceiling (rendered scenes through the tokenizer)."""
+    prefix = tmp_path / "f"
+    assert csd_main(["sweep", "--model", "scenes", "--weights", tiny_scenes, "--images", "2", "--seeds", "1",
+                     "--lambdas", "0.5", "--taus", "0.65", "--couplings", "maximal", "--trees", "none",
+                     "--gsd-ranks", "4", "--workers", "1", "--out", str(prefix)]) == 0
+    out = capsys.readouterr().out
+    result = json.load(open(f"{prefix}.json"))
+    assert [m["name"] for m in result["measures"]] == ["adherence", "frechet", "background_accuracy"]
+    assert result["images"] == 2 and result["per_class"] is None and result["ceiling"].startswith("rendered scenes")
+    rows = result["results"]
+    assert list(rows) == ["ar", "sjd", "sjd+maximal", "sjd+gumbel", "gsd", "gsd k=4 δ=0.15", "csd+maximal λ=0.5 τ=0.65"]
+    assert rows["ar"]["passes"]["mean"] == 576 and rows["sjd"]["distortion"]["mean"] == 0.0
+    assert rows["gsd k=4 δ=0.15"]["passes"] != rows["gsd"]["passes"]  # its own group, not gsd's defaults
+    assert result["settings"]["gsd k=4 δ=0.15"]["group_rank"] == 4
+    assert result["heldout"]["adherence"]["mean"] == 1.0  # two rendered scenes read back exactly
+    assert set(result["csd_vs_gsd"]["gsd_dominated_by"]) == {"gsd", "gsd k=4 δ=0.15"}
+    assert "| adherence | Fréchet | background |" in out and "| rendered scenes, tokenizer round trip |" in out
+    header = next(csv.reader(open(f"{prefix}.csv")))
+    assert "adherence_mean" in header and "background_accuracy_std" in header and "accuracy_mean" not in header
+    assert open(f"{prefix}.png", "rb").read(4) == b"\x89PNG"
+
+
+def test_scenes_refuses_missing_weights(tmp_path, monkeypatch, capsys):
+    """No random-weight model passes for the real one: without its files the scenes entry is one line saying how to
+    train them (the shipped folder and --weights alike)."""
+    from csd_kernels import zoo
+    from csd_kernels.zoo.scenes import model
+
+    monkeypatch.setattr(model, "WEIGHTS_DIR", tmp_path)  # the package without its trained weights
+    with pytest.raises(ValueError, match="shipped weights are not in the package .* python -m "
+                                         "csd_kernels.zoo.scenes.train --out DIR") as e:
+        zoo.load("scenes")
+    assert "\n" not in str(e.value)
+    assert csd_main(["generate", "--model", "scenes", "--weights", str(tmp_path), "--prompt", "red circle top",
+                     "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "--weights" in err and "zoo.scenes.train" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "scenes", "--per-class", "2"], "--per-class does not apply to --model scenes"),
+    (["--model", "digits", "--images", "20"], "--images does not apply to --model digits"),
+    (["--model", "scenes", "--images", "1"], "--images 1: expected an int in [2, 100000]"),
+    (["--gsd-ranks", "0"], "--gsd-ranks 0: expected an int >= 1"),
+    (["--gsd-ranks", "4.5"], "--gsd-ranks: expected comma-separated numbers"),
+    (["--gsd-deltas", "0.1,-1"], "--gsd-deltas -1.0: expected a finite number >= 0"),
+    (["--model", "digits", "--weights", "/nowhere"], "--model digits ships its weights: --weights do not apply"),
+    (["--model", "scenes", "--weights", "/nowhere"], "--model scenes: --weights (/nowhere has no config.json"),
+])
+def test_sweep_bad_flags_for_scenes(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(frontier, "sweep", lambda *args, **kwargs: pytest.fail("the sweep ran before the check"))
+    assert csd_main(["sweep", "--out", str(tmp_path / "f"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -1,14 +1,18 @@
-"""The speed–quality frontier of a zoo model: every decoding mode, CSD over a λ × τ grid, draft trees, mean ± spread
-over seeds.
+"""The speed–quality frontier of a zoo model: every decoding mode, CSD over a λ × τ grid, GSD over its group (k, δ),
+draft trees, mean ± spread over seeds.
 
 ``csd sweep`` (and ``benchmarks/frontier_digits.py``) run :func:`sweep`. Every setting generates the same prompts
-(each class ``per_class`` times) with the same row seeds, in batches of :data:`BATCH`; per seed it records forward
-passes per image (each row's own count), forward passes per batch, the mean per-image distortion, wall seconds per
-image and the zoo's quality measure; the summary holds mean and standard deviation over the seeds. The held-out real
-images of the same prompts, measured the same way, are the ceiling (``heldout``).
+(digits: each class ``per_class`` times; scenes: a fixed prompt mix, :func:`csd_kernels.zoo.measurement_prompts`) with
+the same row seeds, in batches of :data:`BATCH`; per seed it records forward passes per image (each row's own count),
+forward passes per batch, the mean per-image distortion, wall seconds per image and the zoo model's quality measures
+(``ZooModel.measures``: name, label, which way is better); the summary holds mean and standard deviation over the
+seeds. The model's ceiling (digits: held-out real images of the same prompts; scenes: rendered scenes through the
+tokenizer and back), measured the same way, is ``heldout``.
 
 Result layout (``sweep(...)``, also the JSON): ``results[label][metric] = {"mean", "std"}``, ``per_seed`` (one record
-per setting and seed), ``heldout[metric]``, ``pareto`` (labels), ``fast_inside_ar_band`` (labels), ``best_lossless``.
+per setting and seed), ``heldout[metric]``, ``measures`` (the model's, as dicts), ``ceiling`` (what ``heldout``
+measured), ``pareto`` (labels), ``fast_inside_ar_band`` (labels), ``fewest_inside_ar_band``, ``best_lossless``,
+``csd_vs_gsd``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..decoding.validation import TREE_MODES
+from ..reference.gsd import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
+from ..zoo import Measure
 
 LAMBDAS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
 TAUS = (0.3, 0.65, 1.0)
@@ -30,7 +36,7 @@ CSD_COUPLINGS = ("independent", "maximal")
 TREES = ((2, 2), (3, 2))  # (K, D) of the draft-tree settings (generate(tree=...), the static loop; docs/trees.md)
 BATCH = 16
 SPEEDUP_TARGET = 3.0
-METRICS = ("passes", "batch_passes", "distortion", "accuracy", "frechet", "wall_per_image")
+SPEED_METRICS = ("passes", "batch_passes", "distortion")  # then the model's measures, then wall_per_image
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,8 @@ class Setting:
     tvd_threshold: float | None = None  # csd only
     tree: tuple[int, int] | None = None  # (K, D): a draft tree in every window (the static loop)
     static: bool = False  # the static loop (every row its own window); a tree implies it
+    group_rank: int | None = None  # gsd only: the group (k, δ); None: generate()'s defaults
+    group_delta: float | None = None
 
     @property
     def lossless(self) -> bool:
@@ -55,16 +63,21 @@ class Setting:
             kwargs["static"] = True
         if self.tree is not None:
             kwargs["tree"] = self.tree
+        if self.group_rank is not None:
+            kwargs.update(group_rank=self.group_rank, group_delta=self.group_delta)
         return kwargs
 
 
 def settings(lambdas=LAMBDAS, taus=TAUS, couplings=CSD_COUPLINGS, trees=TREES,
-             tree_modes=TREE_MODES) -> list[Setting]:
-    """ar, sjd (independent / maximal / gumbel next drafts), gsd, csd over couplings × λ × τ, then with trees the
-    chain sjd+maximal in the static loop (the trees' loop: the like-for-like reference) and for each tree (K, D):
-    sjd+maximal+tree and (csd in tree_modes, maximal in couplings) csd+maximal+tree over λ × τ."""
+             tree_modes=TREE_MODES, gsd=()) -> list[Setting]:
+    """ar, sjd (independent / maximal / gumbel next drafts), gsd (its defaults, then each (k, δ) of ``gsd`` but
+    those), csd over couplings × λ × τ, then with trees the chain sjd+maximal in the static loop (the trees' loop: the
+    like-for-like reference) and for each tree (K, D): sjd+maximal+tree and (csd in tree_modes, maximal in couplings)
+    csd+maximal+tree over λ × τ."""
     fixed = [Setting("ar", "ar"), Setting("sjd", "sjd", "independent"), Setting("sjd+maximal", "sjd", "maximal"),
              Setting("sjd+gumbel", "sjd", "gumbel"), Setting("gsd", "gsd")]
+    fixed += [Setting(f"gsd k={k} δ={delta:g}", "gsd", group_rank=k, group_delta=delta) for k, delta in gsd
+              if (k, delta) != (DEFAULT_GROUP_RANK, DEFAULT_GROUP_DELTA)]
     csd = [Setting(f"csd{'' if c == 'independent' else '+' + c} λ={lam:g} τ={tau:g}", "csd", c, lam, tau)
            for c in couplings for lam in lambdas for tau in taus]
     tree_sjd = [Setting(f"sjd+maximal+tree {k}x{d}", "sjd", "maximal", tree=(k, d))
@@ -83,7 +96,7 @@ def _init_worker() -> None:
     torch.set_num_threads(1)  # one thread per process: the workers share the cores
 
 
-def run_setting(model_name: str, setting: Setting, seed: int, prompts: list[str]) -> dict:
+def run_setting(model_name: str, setting: Setting, seed: int, prompts: list[str], options: dict | None = None) -> dict:
     """One setting, one seed: ``prompts`` in batches of BATCH rows; row b of the batch starting at ``start`` has
     seed ``seed * len(prompts) + start`` (+ b inside generate), so every setting sees the same streams."""
     import torch
@@ -91,7 +104,7 @@ def run_setting(model_name: str, setting: Setting, seed: int, prompts: list[str]
     from .. import zoo
     from ..decoding import generate
 
-    entry = zoo.load(model_name)
+    entry = zoo.load(model_name, **(options or {}))
     tokens, row_passes, batch_passes, distortion = [], [], [], []
     begin = time.perf_counter()
     for start in range(0, len(prompts), BATCH):
@@ -105,35 +118,47 @@ def run_setting(model_name: str, setting: Setting, seed: int, prompts: list[str]
     wall = time.perf_counter() - begin
     quality = entry.quality(torch.cat(tokens), prompts)
     return {"passes": float(np.mean(row_passes)), "batch_passes": float(np.mean(batch_passes)),
-            "distortion": float(np.mean(distortion)), "accuracy": quality["accuracy"],
-            "frechet": quality["frechet"], "wall_per_image": wall / len(prompts)}
+            "distortion": float(np.mean(distortion)), **{m.name: quality[m.name] for m in entry.measures},
+            "wall_per_image": wall / len(prompts)}
 
 
 def sweep(model_name: str = "digits", per_class: int = 8, seeds=(0, 1, 2), workers: int = 2,
-          grid: list[Setting] | None = None, classes=tuple(str(c) for c in range(10))) -> dict:
-    """Runs every setting of ``grid`` (default :func:`settings`) for every seed on each of ``classes`` (prompts)
-    ``per_class`` times; returns the result layout above."""
+          grid: list[Setting] | None = None, classes=tuple(str(c) for c in range(10)), prompts=None,
+          options: dict | None = None) -> dict:
+    """Runs every setting of ``grid`` (default :func:`settings`) for every seed on ``prompts`` (default: each of
+    ``classes`` ``per_class`` times) with the model ``zoo.load(model_name, **options)``; returns the result layout
+    above."""
     from .. import zoo
 
-    entry = zoo.load(model_name)
-    if entry.quality is None:
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    entry = zoo.load(model_name, **options)
+    if entry.quality is None or not entry.measures:
         raise ValueError(f"--model {model_name}: no quality measure, nothing to trade speed against")
     grid = settings() if grid is None else grid
     if "ar" not in {s.label for s in grid}:
         raise ValueError("the grid needs the setting 'ar': the band every other setting is measured against")
-    prompts = [c for c in classes for _ in range(per_class)]
+    given = prompts is not None
+    prompts = list(prompts) if given else [c for c in classes for _ in range(per_class)]
+    if len(prompts) < 2:
+        raise ValueError(f"{len(prompts)} prompt(s): a sweep needs 2 images or more (the Fréchet distance is of a set)")
     jobs = [(s, seed) for s in grid for seed in seeds]
     begin = time.perf_counter()
+    heldout = None  # first: what it caches (the model, a feature basis) the forked workers inherit
+    if entry.heldout_quality:
+        heldout = summarise([{m.name: entry.heldout_quality(prompts, seed)[m.name] for m in entry.measures}
+                             for seed in seeds])
     with ProcessPoolExecutor(workers, initializer=_init_worker) as pool:
-        done = list(pool.map(run_setting, [model_name] * len(jobs), *zip(*jobs), [prompts] * len(jobs)))
+        done = list(pool.map(run_setting, [model_name] * len(jobs), *zip(*jobs), [prompts] * len(jobs),
+                             [options] * len(jobs)))
     by_label = {s.label: s for s in grid}
     rows = {label: summarise([r for (s, _), r in zip(jobs, done) if s.label == label]) for label in by_label}
-    heldout = summarise([entry.heldout_quality(prompts, seed) for seed in seeds]) if entry.heldout_quality else None
-    return {"model": model_name, "per_class": per_class, "seeds": list(seeds), "batch": BATCH,
+    return {"model": model_name, "model_options": zoo.describe_options(options),
+            "per_class": None if given else per_class, "images": len(prompts), "seeds": list(seeds), "batch": BATCH,
             "seconds": round(time.perf_counter() - begin, 1), "workers": workers,
+            "measures": [asdict(m) for m in entry.measures], "ceiling": entry.ceiling_label,
             "settings": {k: asdict(v) for k, v in by_label.items()}, "results": rows, "heldout": heldout,
             "per_seed": [dict(label=s.label, seed=seed, **r) for (s, seed), r in zip(jobs, done)],
-            **answers(rows, by_label)}
+            **answers(rows, by_label, entry.measures)}
 
 
 # ------------------------------------------------------------------------------------------------------ analysis
@@ -143,71 +168,114 @@ def summarise(records: list[dict]) -> dict:
             for key in records[0]}
 
 
-def inside_band(row: dict, ar: dict) -> bool:
-    """Quality inside ar's spread: accuracy >= ar's mean - std and Fréchet <= ar's mean + std (over seeds)."""
-    return (row["accuracy"]["mean"] >= ar["accuracy"]["mean"] - ar["accuracy"]["std"]
-            and row["frechet"]["mean"] <= ar["frechet"]["mean"] + ar["frechet"]["std"])
+def inside_band(row: dict, ar: dict, measures) -> bool:
+    """Quality inside ar's spread on every measure: >= ar's mean - std where higher is better, <= ar's mean + std
+    where lower is (over seeds)."""
+    return all(row[m.name]["mean"] >= ar[m.name]["mean"] - ar[m.name]["std"] if m.higher_is_better
+               else row[m.name]["mean"] <= ar[m.name]["mean"] + ar[m.name]["std"] for m in measures)
 
 
-def pareto(rows: dict) -> list[str]:
-    """Labels not dominated in (fewer passes, higher accuracy, lower Fréchet distance) by their means."""
-    key = {label: np.array([r["passes"]["mean"], -r["accuracy"]["mean"], r["frechet"]["mean"]])
-           for label, r in rows.items()}
-    front = [a for a in rows if not any(np.all(key[b] <= key[a]) and np.any(key[b] < key[a]) for b in rows)]
+def _cost(r: dict, measures) -> np.ndarray:
+    """(passes, then each measure signed so that lower is better) by the means."""
+    return np.array([r["passes"]["mean"]] + [-r[m.name]["mean"] if m.higher_is_better else r[m.name]["mean"]
+                                             for m in measures])
+
+
+def _dominates(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(np.all(a <= b) and np.any(a < b))
+
+
+def pareto(rows: dict, measures) -> list[str]:
+    """Labels not dominated in (fewer passes, better on every measure) by their means."""
+    key = {label: _cost(r, measures) for label, r in rows.items()}
+    front = [a for a in rows if not any(_dominates(key[b], key[a]) for b in rows)]
     return sorted(front, key=lambda label: rows[label]["passes"]["mean"])
 
 
-def answers(rows: dict, grid: dict) -> dict:
-    """The Pareto set, the settings >= SPEEDUP_TARGET fewer passes than ar inside ar's band, the best lossless."""
+def csd_vs_gsd(rows: dict, grid: dict, measures) -> dict:
+    """The paper's claim, csd beats gsd at equal passes, by dominance of the means: for each gsd setting the csd
+    settings with no more passes and no worse quality on every measure (better somewhere), and for each csd setting
+    on csd's own Pareto front the gsd settings that dominate it."""
+    key = {label: _cost(r, measures) for label, r in rows.items()}
+    csd = [label for label in rows if grid[label].mode == "csd"]
+    gsd = [label for label in rows if grid[label].mode == "gsd"]
+    front = pareto({label: rows[label] for label in csd}, measures) if csd else []
+    return {"gsd_dominated_by": {g: [c for c in csd if _dominates(key[c], key[g])] for g in gsd},
+            "csd_front_dominated_by": {c: [g for g in gsd if _dominates(key[g], key[c])] for c in front}}
+
+
+def answers(rows: dict, grid: dict, measures) -> dict:
+    """The Pareto set, the settings >= SPEEDUP_TARGET fewer passes than ar inside ar's band, the one with the fewest
+    passes inside it, the best lossless, csd against gsd."""
     ar = rows["ar"]
-    fast = [label for label, r in rows.items()
-            if ar["passes"]["mean"] / r["passes"]["mean"] >= SPEEDUP_TARGET and inside_band(r, ar)]
+    band = sorted((label for label, r in rows.items() if label != "ar" and inside_band(r, ar, measures)),
+                  key=lambda label: rows[label]["passes"]["mean"])
+    fast = [label for label in band if ar["passes"]["mean"] / rows[label]["passes"]["mean"] >= SPEEDUP_TARGET]
     lossless = [label for label in rows if grid[label].lossless and label != "ar"]
-    fast.sort(key=lambda label: rows[label]["passes"]["mean"])
-    return {"pareto": pareto(rows), "fast_inside_ar_band": fast,
-            "best_lossless": min(lossless, key=lambda label: rows[label]["passes"]["mean"]) if lossless else None}
+    return {"pareto": pareto(rows, measures), "fast_inside_ar_band": fast,
+            "fewest_inside_ar_band": band[0] if band else None,
+            "best_lossless": min(lossless, key=lambda label: rows[label]["passes"]["mean"]) if lossless else None,
+            "csd_vs_gsd": csd_vs_gsd(rows, grid, measures)}
 
 
 # ------------------------------------------------------------------------------------------------------- outputs
+def measures_of(result: dict) -> list[Measure]:
+    """The model's quality measures a result was measured with."""
+    return [Measure(**m) for m in result["measures"]]
+
+
 def format_table(result: dict, labels: list[str] | None = None) -> str:
-    """Markdown table of ``labels`` (default: the Pareto set), then the held-out real images."""
-    rows = result["results"]
+    """Markdown table of ``labels`` (default: the Pareto set), then the model's ceiling (held-out real images)."""
+    rows, measures = result["results"], measures_of(result)
     ar_passes = rows["ar"]["passes"]["mean"]
     pm = lambda r, k, f: f"{format(r[k]['mean'], f)} ± {format(r[k]['std'], f)}"  # noqa: E731
-    lines = ["| setting | passes / image | speed-up | passes / batch of 16 | distortion / token | accuracy | Fréchet |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| setting | passes / image | speed-up | passes / batch of 16 | distortion / token | "
+             + " | ".join(m.label for m in measures) + " |", "|---|---|---|---|---|" + "---|" * len(measures)]
     for label in labels if labels is not None else result["pareto"]:
         r = rows[label]
         lines.append(f"| {label} | {pm(r, 'passes', '.1f')} | {ar_passes / r['passes']['mean']:.2f}x | "
-                     f"{pm(r, 'batch_passes', '.1f')} | {pm(r, 'distortion', '.4f')} | {pm(r, 'accuracy', '.3f')} | "
-                     f"{pm(r, 'frechet', '.2f')} |")
+                     f"{pm(r, 'batch_passes', '.1f')} | {pm(r, 'distortion', '.4f')} | "
+                     + " | ".join(pm(r, m.name, m.fmt) for m in measures) + " |")
     if result.get("heldout"):
         h = result["heldout"]
-        lines.append(f"| held-out real digits | | | | | {pm(h, 'accuracy', '.3f')} | {pm(h, 'frechet', '.2f')} |")
+        lines.append(f"| {result['ceiling']} | | | | | " + " | ".join(pm(h, m.name, m.fmt) for m in measures) + " |")
     return "\n".join(lines)
 
 
 def summary_lines(result: dict) -> list[str]:
-    rows, best = result["results"], result["best_lossless"]
+    rows, best, fewest = result["results"], result["best_lossless"], result["fewest_inside_ar_band"]
+    speedup = lambda label: rows["ar"]["passes"]["mean"] / rows[label]["passes"]["mean"]  # noqa: E731
     lines = [f">= {SPEEDUP_TARGET:g}x fewer passes than ar with quality inside ar's band: "
              + (", ".join(result["fast_inside_ar_band"]) or "none")]
+    if fewest is not None:
+        lines.append(f"fewest passes inside ar's band: {fewest} ({rows[fewest]['passes']['mean']:.1f} passes per "
+                     f"image, {speedup(fewest):.2f}x)")
     if best is not None:
         lines.append(f"best lossless: {best} ({rows[best]['passes']['mean']:.1f} passes per image, "
-                     f"{rows['ar']['passes']['mean'] / rows[best]['passes']['mean']:.2f}x)")
+                     f"{speedup(best):.2f}x)")
+    versus = result["csd_vs_gsd"]
+    if versus["gsd_dominated_by"] and versus["csd_front_dominated_by"]:
+        beaten = [g for g, by in versus["gsd_dominated_by"].items() if by]
+        lost = [c for c, by in versus["csd_front_dominated_by"].items() if by]
+        lines.append(f"csd vs gsd (no more passes, no worse on every measure): {len(beaten)} of "
+                     f"{len(versus['gsd_dominated_by'])} gsd settings dominated by a csd setting; {len(lost)} of "
+                     f"{len(versus['csd_front_dominated_by'])} on csd's front dominated by a gsd setting")
     return lines
 
 
 def write_csv(result: dict, path: str) -> None:
+    metrics = (*SPEED_METRICS, *(m.name for m in measures_of(result)), "wall_per_image")
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["label", "mode", "coupling", "entropy_coef", "tvd_threshold", "tree", "static"]
-                        + [f"{k}_{s}" for k in METRICS for s in ("mean", "std")])
+        writer.writerow(["label", "mode", "coupling", "entropy_coef", "tvd_threshold", "tree", "static", "group_rank",
+                         "group_delta"] + [f"{k}_{s}" for k in metrics for s in ("mean", "std")])
         for label, r in result["results"].items():
             s = result["settings"][label]
             tree = "" if s.get("tree") is None else "x".join(map(str, s["tree"]))
             setting = [label, s["mode"], s["coupling"] or "", _blank(s["entropy_coef"]), _blank(s["tvd_threshold"]),
-                       tree, int(bool(s.get("static")) or bool(tree))]
-            writer.writerow(setting + [f"{r[k][stat]:.6g}" for k in METRICS for stat in ("mean", "std")])
+                       tree, int(bool(s.get("static")) or bool(tree)), _blank(s.get("group_rank")),
+                       _blank(s.get("group_delta"))]
+            writer.writerow(setting + [f"{r[k][stat]:.6g}" for k in metrics for stat in ("mean", "std")])
 
 
 def _blank(value) -> str:

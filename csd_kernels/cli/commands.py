@@ -257,8 +257,8 @@ def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, 
                            **generate_kwargs)
             record = {"passes": float(out.passes_per_row().mean()), "wall": time.perf_counter() - begin,
                       "distortion": float(out.distortion_per_row().mean())}
-            if entry.quality is not None:
-                record.update(entry.quality(out.tokens, prompts))
+            if entry.quality is not None:  # a measure without a value here (no background named) is left out
+                record.update({k: v for k, v in entry.quality(out.tokens, prompts).items() if v is not None})
             per_seed.append(record)
             if seed == seeds[0]:
                 samples[label] = out.images.cpu().numpy() if out.images is not None else None
@@ -269,19 +269,17 @@ def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, 
     return {"results": results, "samples": samples}
 
 
-def format_compare(results: dict) -> str:
-    has_quality = "accuracy" in next(iter(results.values()))
+def format_compare(results: dict, measures=()) -> str:
+    """The compare table: passes, speed-up, wall time, distortion, then the model's quality ``measures``."""
     width = max(12, *(len(label) for label in results))
     header = f"{'run':{width}} {'passes/img':>14} {'speed-up':>8} {'wall s':>12} {'distortion':>10}"
-    if has_quality:
-        header += f" {'accuracy':>13} {'Fréchet':>13}"
+    header += "".join(f" {m.label:>13}" for m in measures)
     lines = [header, "-" * len(header)]
     pm = lambda r, key, fmt: f"{format(r[key]['mean'], fmt)}±{format(r[key]['std'], fmt)}"  # noqa: E731
     for label, r in results.items():
         line = (f"{label:{width}} {pm(r, 'passes', '.1f'):>14} {r['speedup']:7.2f}x {pm(r, 'wall', '.2f'):>12} "
                 f"{r['distortion']['mean']:10.4f}")
-        if has_quality:
-            line += f" {pm(r, 'accuracy', '.3f'):>13} {pm(r, 'frechet', '.2f'):>13}"
+        line += "".join(f" {pm(r, m.name, m.fmt) if m.name in r else '-':>13}" for m in measures)
         lines.append(line)
     return "\n".join(lines)
 
@@ -296,7 +294,7 @@ def cmd_compare(args) -> dict:
     seeds = list(range(args.seeds))
     report = run_compare(entry, [args.prompt] * args.num, seeds, generate_kwargs=_generate_kwargs(args, entry),
                          progress=not args.quiet)
-    table = format_compare(report["results"])
+    table = format_compare(report["results"], entry.measures)
     print(table)
     samples = report.pop("samples")
     shown = min(args.num, 8)
@@ -335,10 +333,10 @@ def cmd_bench(args) -> list:
     return rows
 
 
-def _floats(text: str, flag: str, setting: str) -> tuple:
+def _floats(text: str, flag: str, setting: str, kind=float) -> tuple:
     """Comma-separated values of generate()'s ``setting``, each checked by its rule (errors name ``flag``)."""
     try:
-        values = tuple(float(v) for v in text.split(","))
+        values = tuple(kind(v) for v in text.split(","))
     except ValueError:
         raise UsageError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
     with as_flags(**{setting: flag}):
@@ -361,27 +359,54 @@ def _trees(text: str) -> tuple:
     return tuple(trees)
 
 
-def cmd_sweep(args) -> dict:
-    """The speed-quality frontier (csd_kernels.bench.frontier): every mode, csd over --lambdas x --taus x --couplings,
-    sjd+maximal with each of --trees."""
-    from ..bench import frontier
+def _gsd_grid(args) -> tuple:
+    """--gsd-ranks x --gsd-deltas (one of them alone: with generate()'s default for the other); none: ()."""
+    if not args.gsd_ranks and not args.gsd_deltas:
+        return ()
+    ranks = _floats(args.gsd_ranks, "--gsd-ranks", "group_rank", int) if args.gsd_ranks else (
+        GenerationConfig().group_rank,)
+    deltas = _floats(args.gsd_deltas, "--gsd-deltas", "group_delta") if args.gsd_deltas else (
+        GenerationConfig().group_delta,)
+    return tuple((k, delta) for k in ranks for delta in deltas)
 
+
+def _sweep_prompts(args) -> list[str]:
+    """The prompts of --model: --per-class (digits) or --images (scenes), each refused where it does not apply."""
     if args.model not in zoo.MODEL_NAMES:
         raise UsageError(f"--model {args.model!r}: unknown model; choose from {', '.join(zoo.MODEL_NAMES)}")
-    if args.model != "digits":
-        raise UsageError(f"--model {args.model}: csd sweep needs a quality measure; only digits has one")
+    if args.per_class is not None:
+        check("per_class", args.per_class)
+    if args.images is not None:
+        check("images", args.images)
+    try:
+        prompts = zoo.measurement_prompts(args.model, args.per_class, args.images)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.per_class is not None and args.per_class > zoo.digits_heldout_per_class():  # the ceiling: as many
+        raise UsageError(f"--per-class {args.per_class}: expected an int in [1, {zoo.digits_heldout_per_class()}] "
+                         "(held-out digits of the rarest class)")
+    return prompts
+
+
+def cmd_sweep(args) -> dict:
+    """The speed-quality frontier (csd_kernels.bench.frontier): every mode, csd over --lambdas x --taus x --couplings,
+    gsd over --gsd-ranks x --gsd-deltas, sjd+maximal with each of --trees."""
+    from ..bench import frontier
+
+    prompts = _sweep_prompts(args)
     couplings = tuple(args.couplings.split(","))
     with as_flags(coupling="--couplings"):
         for coupling in couplings:
             check("coupling", coupling)
-    if args.per_class > zoo.digits_heldout_per_class():  # the held-out ceiling is measured on as many images
-        raise UsageError(f"--per-class {args.per_class}: expected an int in [1, {zoo.digits_heldout_per_class()}] "
-                         "(held-out digits of the rarest class)")
+    check("seeds", args.seeds)
+    check("workers", args.workers)
     grid = frontier.settings(_floats(args.lambdas, "--lambdas", "entropy_coef"),
-                             _floats(args.taus, "--taus", "tvd_threshold"), couplings, _trees(args.trees))
+                             _floats(args.taus, "--taus", "tvd_threshold"), couplings, _trees(args.trees),
+                             gsd=_gsd_grid(args))
     check_out(os.path.dirname(args.out) or ".")
-    result = frontier.sweep(args.model, per_class=args.per_class, seeds=tuple(range(args.seeds)),
-                            workers=args.workers, grid=grid)
+    _load(args)  # a missing or foreign checkpoint is one line, before any work
+    result = frontier.sweep(args.model, seeds=tuple(range(args.seeds)), workers=args.workers, grid=grid,
+                            prompts=prompts, options={"weights": args.weights})
     print(frontier.format_table(result))
     print("\n".join(frontier.summary_lines(result)))
     for path in frontier.save(result, args.out).values():

@@ -21,7 +21,8 @@ GENERATION_FLAGS = GenerationConfig.names(flag="every")  # the generation flags 
 # the command line's own checked flags, by subcommand (GenerationConfig's are checked for generate, compare and run)
 _COMMAND_FLAGS = {"generate": ("seed", "num", "image_size"), "compare": ("seeds", "num", "image_size"),
                   "run": ("seed", "batch_size", "num_threads", "image_size"),
-                  "sweep": ("per_class", "seeds", "workers")}
+                  "sweep": ("per_class", "images", "seeds", "workers")}
+_UNSET_ALLOWED = ("per_class", "images")  # csd sweep: the model says which applies (and its default)
 
 
 def _help(name: str, text: str, default) -> str:
@@ -129,9 +130,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = commands.add_parser("sweep", help="the speed-quality frontier: every mode, csd over a grid of lambda x tau "
                                               "x coupling, mean and spread over seeds (JSON, CSV, plot)")
-    sweep.add_argument("--model", default="digits", help="a zoo model with a quality measure (default: digits)")
-    sweep.add_argument("--per-class", dest="per_class", type=int, default=8,
-                       help=_help("per_class", "images per class per seed", 8))
+    sweep.add_argument("--model", default="digits", help="a zoo model with quality measures: digits or scenes "
+                                                         "(default: digits)")
+    sweep.add_argument("--weights", help="scenes: a folder with a trained model (config.json, model.safetensors) "
+                                         "instead of the shipped one (default: the shipped weights)")
+    sweep.add_argument("--per-class", dest="per_class", type=int,
+                       help=_help("per_class", "digits: images per class per seed", 8))
+    sweep.add_argument("--images", type=int,
+                       help=_help("images", "scenes: images per seed, from a fixed prompt mix (1-3 objects)", 64))
+    sweep.add_argument("--gsd-ranks", dest="gsd_ranks", default="",
+                       help="gsd group_rank values k, each an int >= 1: gsd over k x --gsd-deltas besides gsd at its "
+                            "defaults (default: none)")
+    sweep.add_argument("--gsd-deltas", dest="gsd_deltas", default="",
+                       help="gsd group_delta values, each >= 0 (default: none; with --gsd-ranks alone: "
+                            f"{GenerationConfig().group_delta})")
     sweep.add_argument("--seeds", type=int, default=3, help=_help("seeds", "seeds 0..N-1", 3))
     sweep.add_argument("--lambdas", default="0,0.05,0.1,0.25,0.5,1",
                        help="csd entropy_coef values, each >= 0 (default: 0,0.05,0.1,0.25,0.5,1)")
@@ -190,4 +202,5 @@ def check_flags(args: argparse.Namespace) -> None:
         # (csd run's coupling applies to its sjd and csd items; compare runs its own couplings)
         check_generate(getattr(args, "mode", "csd"), getattr(args, "coupling", None), **given)
     for name in _COMMAND_FLAGS.get(command, ()):
-        check(name, getattr(args, name))
+        if getattr(args, name) is not None or name not in _UNSET_ALLOWED:
+            check(name, getattr(args, name))

@@ -168,6 +168,7 @@ RULES: dict[str, Rule] = {
     "batch_size": int_rule(1, MAX_IMAGES),
     "seeds": int_rule(1, 1000),
     "per_class": int_rule(1, 1000),
+    "images": int_rule(2, 100_000),  # sweep prompts of a model without classes (a Fréchet distance needs two)
     "workers": int_rule(1, 256),
     "num_threads": int_rule(1, 4096, optional=True),
     "image_size": int_rule(1, 65536, optional=True),

@@ -119,8 +119,11 @@ def is_tree_adapter(obj) -> bool:
 
 def cache_kwarg(module) -> str:
     """Name of the forward() keyword for the KV cache: ``cache`` in transformers >= 5.2x, ``past_key_values`` before."""
-    params = inspect.signature(type(module).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    for cls in type(module).__mro__:  # the first forward() that names either (a subclass may take **kwargs only)
+        params = inspect.signature(cls.forward).parameters if "forward" in vars(cls) else {}
+        if "cache" in params or "past_key_values" in params:
+            return "cache" if "cache" in params else "past_key_values"
+    return "past_key_values"
 
 
 def new_dynamic_cache(config=None):

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from ..decoding.config import GenerationConfig
 
-__all__ = ["FAMILIES", "Family", "ZooModel", "family_of", "get_adapter", "resolve"]
+__all__ = ["FAMILIES", "Family", "Measure", "ZooModel", "family_of", "get_adapter", "resolve"]
 
 
 def resolve(ref: Union[str, Callable]) -> Any:
@@ -100,6 +100,18 @@ def _default_config() -> "GenerationConfig":
     return GenerationConfig()
 
 
+@dataclass(frozen=True)
+class Measure:
+    """One quality number of a zoo model: ``quality(...)[name]``, shown as ``label`` (tables) and ``axis`` (plots)."""
+
+    name: str
+    label: str
+    higher_is_better: bool
+    axis: str  # what the number is, as a plot's axis says it
+    fmt: str = ".3f"  # table format of mean and std
+    log_scale: bool = False  # plot on a log axis (a distance: a collapsed setting is 100x worse than the rest)
+
+
 @dataclass
 class ZooModel:
     """What ``csd --model NAME`` runs: the model and what the command needs besides the decoding loop."""
@@ -112,3 +124,5 @@ class ZooModel:
     # (prompts, seed) -> the same metrics for held-out real images of those prompts: the best a model can score
     heldout_quality: Optional[Callable[[list[str], int], dict]] = None
     prompt_help: str = ""
+    measures: tuple = ()  # the Measures quality() returns, in table order
+    ceiling_label: str = "held-out real images"  # what heldout_quality measures, as a table row names it

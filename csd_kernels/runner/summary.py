@@ -1,7 +1,9 @@
 """The summary of a run: per mode, forward passes per image (mean, spread), speed-up against ar, wall time,
-distortion and — for models with a quality measure — accuracy and Fréchet distance; and its table."""
+distortion and — for models with quality measures — each measure (digits: accuracy, Fréchet distance); and its table."""
 
 from __future__ import annotations
+
+from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -47,7 +49,7 @@ def summarize(gathered, modes, prompts, entry, manifest, tokens_per_image, world
         "generated_this_run": sum(p["generated"] for p in gathered),
         "skipped_complete": sum(p["skipped"] for p in gathered),
         "redone_corrupt_or_partial": sum(p["redone"] for p in gathered),
-        "wall_seconds": wall, "per_mode": per_mode,
+        "wall_seconds": wall, "per_mode": per_mode, "measures": [asdict(m) for m in entry.measures],
         "per_rank": [{"rank": p["rank"], "images": len(p["records"]), "generated": p["generated"]} for p in gathered],
     }
     summary["table"] = format_table(summary)
@@ -56,18 +58,18 @@ def summarize(gathered, modes, prompts, entry, manifest, tokens_per_image, world
 
 def format_table(summary: dict) -> str:
     per_mode = summary["per_mode"]
-    quality = any("accuracy" in s for s in per_mode.values())
+    measures = summary["measures"]  # the model's quality measures (zoo.Measure as dicts), shown where one was measured
+    if not any(m["name"] in s for m in measures for s in per_mode.values()):
+        measures = []
     header = (f"{'mode':6} {'images':>7} {'passes/img':>16} {'speed-up':>9} {'wall s':>9} {'s/img':>8} "
               f"{'distortion':>10}")
-    if quality:
-        header += f" {'accuracy':>9} {'Fréchet':>9}"
+    header += "".join(f" {m['label']:>9}" for m in measures)
     lines = [header, "-" * len(header)]
     for mode, s in per_mode.items():
         passes = s["forward_passes_per_image"]
         line = (f"{mode:6} {s['images']:7d} {passes['mean']:9.1f}±{passes['std']:<6.1f} {s['speedup_vs_ar']:8.2f}x "
                 f"{s['wall_seconds']:9.2f} {s['wall_seconds_per_image']:8.3f} {s['mean_distortion']:10.4f}")
-        if quality:
-            line += f" {s.get('accuracy', float('nan')):9.3f} {s.get('frechet', float('nan')):9.2f}"
+        line += "".join(f" {s.get(m['name'], float('nan')):9{m['fmt']}}" for m in measures)
         lines.append(line)
     lines.append(f"({summary['world_size']} process(es); wall s = generation seconds summed over ranks; speed-up = "
                  f"ar passes / passes per image)")

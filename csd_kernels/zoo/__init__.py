@@ -1,11 +1,14 @@
-"""The models the ``csd`` command drives, by name (:data:`MODELS`): the ones shipped here (``load("digits")``), then
-the checkpoint families of :mod:`csd_kernels.models.registry` (``load("llamagen", weights=..., config=..., vq=...)``,
-``load("lumina-mgpt", weights=DIR)``, ``load("janus-pro", weights=DIR)``, ``load("emu3", weights=DIR)``; each
-family's command.py says what its options are).
+"""The models the ``csd`` command drives, by name (:data:`MODELS`): the ones shipped here (``load("digits")``,
+``load("scenes")``; ``load("scenes", weights=DIR)`` for a scenes model trained elsewhere), then the checkpoint families
+of :mod:`csd_kernels.models.registry` (``load("llamagen", weights=..., config=..., vq=...)``, ``load("lumina-mgpt",
+weights=DIR)``, ``load("janus-pro", weights=DIR)``, ``load("emu3", weights=DIR)``; each family's command.py says what
+its options are).
 
 A :class:`ZooModel` bundles what the command needs besides the decoding loop: the model (an adapter
 :func:`csd_kernels.generate` drives), how prompts on the command line become generate() inputs, the sampling defaults
-of the family, and — where the model has one — a quality measure of generated images.
+of the family, and — where the model has one — quality measures of generated images (``measures``: what each number
+is and which way is better, so that the frontier, the tables and the plots of ``csd sweep`` / ``csd compare`` follow
+the model).
 """
 
 from __future__ import annotations
@@ -19,9 +22,14 @@ import torch
 
 from ..constants import SHIPPED_MODELS
 from ..decoding.config import GenerationConfig
-from ..models.registry import FAMILIES, Family, ZooModel
+from ..models.registry import FAMILIES, Family, Measure, ZooModel
 
-__all__ = ["MODELS", "MODEL_NAMES", "ZooModel", "describe_options", "load"]
+__all__ = ["MODELS", "MODEL_NAMES", "MEASURED_MODELS", "DIGITS_MEASURES", "Measure", "ZooModel", "describe_options",
+           "load", "measurement_prompts"]
+
+DIGITS_MEASURES = (Measure("accuracy", "accuracy", True, "classifier accuracy"),
+                   Measure("frechet", "Fréchet", False, "Fréchet distance to real digits", ".2f", log_scale=True))
+MEASURED_MODELS = ("digits", "scenes")  # the shipped models with quality measures (csd sweep)
 
 
 def _no_options(name: str, options: dict) -> None:
@@ -58,7 +66,37 @@ def _digits(device: Optional[torch.device] = None, **options) -> ZooModel:
         return _digits_quality(_digits_heldout_images(prompts, seed), prompts)
 
     return ZooModel("digits", model, parse, defaults=GenerationConfig(cfg_scale=DEFAULT_CFG), quality=measure,
-                    heldout_quality=heldout, prompt_help=f"a digit class 0..{NUM_CLASSES - 1}")
+                    heldout_quality=heldout, prompt_help=f"a digit class 0..{NUM_CLASSES - 1}",
+                    measures=DIGITS_MEASURES, ceiling_label="held-out real digits")
+
+
+def _scenes(device: Optional[torch.device] = None, weights: Optional[str] = None, **options) -> ZooModel:
+    """The shipped scenes model, or (``weights=DIR``) a trained one: DIR holds config.json and model.safetensors
+    (and tokenizer.safetensors, else the shipped tokenizer)."""
+    _no_options("scenes", options)
+    from .scenes import zoo_model
+
+    return zoo_model(device, weights)
+
+
+def measurement_prompts(name: str, per_class: Optional[int] = None, images: Optional[int] = None) -> list[str]:
+    """The prompts a measurement of ``name`` generates (``csd sweep``): digits each class ``per_class`` times (default
+    8), scenes a fixed mix of ``images`` prompts (default 64; 1-3 objects uniformly, ``world.random_prompts(images,
+    seed=0)``). ValueError, one line, for a model without a quality measure or the flag that does not apply."""
+    if name == "digits":
+        if images is not None:
+            raise ValueError("--images does not apply to --model digits (its prompts are the ten classes): "
+                             "use --per-class N")
+        return [str(c) for c in range(10) for _ in range(8 if per_class is None else per_class)]
+    if name == "scenes":
+        if per_class is not None:
+            raise ValueError("--per-class does not apply to --model scenes (it has no classes; its prompts are a "
+                             "fixed mix): use --images N")
+        from .scenes import random_prompts
+
+        return random_prompts(64 if images is None else images, seed=0)
+    raise ValueError(f"--model {name}: csd sweep needs a quality measure; only {' and '.join(MEASURED_MODELS)} "
+                     "have one")
 
 
 def _digits_quality(images: torch.Tensor, prompts: list[str]) -> dict:
@@ -106,6 +144,7 @@ def _digits_heldout_images(prompts: list[str], seed: int) -> torch.Tensor:
 # Every --model name, one entry each: the models shipped in zoo/, then the families with a command-line loader.
 MODELS = (
     Family("digits", SHIPPED_MODELS["digits"], loader=_digits),
+    Family("scenes", SHIPPED_MODELS["scenes"], loader=_scenes),
     *(family for family in FAMILIES if family.loader is not None),
 )
 MODEL_NAMES = tuple(entry.name for entry in MODELS)

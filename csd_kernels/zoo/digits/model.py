@@ -11,13 +11,13 @@ A sequence is ``[class_token, code_0, ..., code_255]`` (prompt length 1).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 
 from ...models.protocol import cache_kwarg, crop_cache  # one definition of the cache helpers
+from ..llama_io import CONFIG_FILE, MODEL_FILE, build_llama, llama_config, load_llama, save_llama
 from .tokenizer import GRID, TOKENS_PER_IMAGE, PatchCodebook
 
 NUM_CODES = 512
@@ -30,86 +30,36 @@ SEQ_LEN = PROMPT_LEN + TOKENS_PER_IMAGE  # 257
 
 DEFAULT_CFG = 1.0  # the shipped guidance scale: the model's own distribution (README, "The shipped model")
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-MODEL_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
 CODEBOOK_FILE = "codebook.safetensors"
 
 # the shipped architecture
 ARCH = dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4)
 
 __all__ = [
-    "NUM_CODES", "NUM_CLASSES", "CLASS_TOKEN_OFFSET", "NULL_TOKEN_ID", "VOCAB_SIZE", "GRID", "PROMPT_LEN",
+    "MODEL_FILE", "CONFIG_FILE", "NUM_CODES", "NUM_CLASSES", "CLASS_TOKEN_OFFSET", "NULL_TOKEN_ID", "VOCAB_SIZE",
+    "GRID", "PROMPT_LEN",
     "SEQ_LEN", "WEIGHTS_DIR", "build_config", "build_lm", "load_lm", "save_lm", "load_codebook", "prompt_ids",
     "cache_kwarg", "crop_cache", "cfg_logits", "sample_ar",
 ]
 
 
 def build_config(num_codes: int = NUM_CODES, attn_implementation: str = "sdpa", **arch):
-    from transformers import LlamaConfig
-
-    a = dict(ARCH)
-    a.update(arch)
-    return LlamaConfig(
-        vocab_size=num_codes + NUM_CLASSES + 1,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        attention_dropout=0.0,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        use_cache=True,
-        attn_implementation=attn_implementation,
-        **a,
-    )
+    return llama_config(num_codes + NUM_CLASSES + 1, 512, attn_implementation, **{**ARCH, **arch})
 
 
 def build_lm(seed: int = 0, num_codes: int = NUM_CODES, attn_implementation: str = "sdpa", **arch):
     """Randomly initialised LM with the shipped architecture (deterministic for ``seed``)."""
-    from transformers import LlamaForCausalLM
-
-    cfg = build_config(num_codes=num_codes, attn_implementation=attn_implementation, **arch)
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        lm = LlamaForCausalLM(cfg)
-    finally:
-        torch.random.set_rng_state(state)
-    return lm
+    return build_llama(num_codes + NUM_CLASSES + 1, 512, seed, attn_implementation, **{**ARCH, **arch})
 
 
 def save_lm(lm, weights_dir: str | os.PathLike, dtype: torch.dtype = torch.float16) -> None:
     """Write ``config.json`` + ``model.safetensors`` (weights stored in ``dtype``)."""
-    from safetensors.torch import save_file
-
-    d = Path(weights_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    cfg = lm.config.to_dict()
-    (d / CONFIG_FILE).write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str))
-    sd = {k: v.detach().to(dtype).contiguous().cpu() for k, v in lm.state_dict().items()}
-    save_file(sd, str(d / MODEL_FILE), metadata={"format": "pt", "stored_dtype": str(dtype)})
+    save_llama(lm, weights_dir, dtype)
 
 
 def load_lm(weights_dir: str | os.PathLike | None = None, attn_implementation: str = "sdpa", dtype=torch.float32):
     """Load the shipped (or a trained) LM in eval mode. Purely local; never touches the network."""
-    from safetensors.torch import load_file
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    d = Path(weights_dir) if weights_dir is not None else WEIGHTS_DIR
-    cfg_path, w_path = d / CONFIG_FILE, d / MODEL_FILE
-    if not cfg_path.is_file() or not w_path.is_file():
-        raise FileNotFoundError(f"no trained digits LM in {d} (expected {CONFIG_FILE} and {MODEL_FILE})")
-    cfg_dict = json.loads(cfg_path.read_text())
-    for k in ("_attn_implementation", "attn_implementation", "transformers_version", "architectures"):
-        cfg_dict.pop(k, None)
-    cfg = LlamaConfig(**cfg_dict, attn_implementation=attn_implementation)
-    lm = LlamaForCausalLM(cfg)
-    sd = {k: v.to(dtype) for k, v in load_file(str(w_path)).items()}
-    missing, unexpected = lm.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not k.endswith("rotary_emb.inv_freq")]
-    if missing or unexpected:
-        raise RuntimeError(f"weights in {w_path} do not match the config: missing={missing}, unexpected={unexpected}")
-    return lm.to(dtype).eval()
+    return load_llama(WEIGHTS_DIR if weights_dir is None else weights_dir, "digits", attn_implementation, dtype)
 
 
 def load_codebook(weights_dir: str | os.PathLike | None = None) -> PatchCodebook:
