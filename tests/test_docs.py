@@ -173,7 +173,7 @@ def test_a_broken_link_is_found(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------------- named paths
 PATH_ROOTS = ("csd_kernels", "csrc", "tests", "benchmarks", "scripts", "examples", "python")
 # what a build or a run writes (the compiled extension, benchmark results; .gitignore): absent from a clean clone
-WRITTEN = ("csd_kernels/_C*.so", "csd_kernels._C", "benchmarks/results/")
+WRITTEN = ("csd_kernels/_C*.so", "csd_kernels/_C.stamp", "csd_kernels._C", "benchmarks/results/")
 
 
 def named_paths(text: str) -> list[str]:
