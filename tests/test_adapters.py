@@ -242,13 +242,14 @@ def test_the_registry_reads_without_torch():
 def test_zoo_and_command_read_the_registry():
     from csd_kernels import zoo
     from csd_kernels.cli import parser
+    from csd_kernels.constants import SHIPPED_MODELS
     from csd_kernels.models import registry
 
     families = [f.name for f in registry.FAMILIES if f.loader is not None]
-    assert zoo.MODEL_NAMES == ("digits", *families)
+    assert zoo.MODEL_NAMES == (*SHIPPED_MODELS, *families) and SHIPPED_MODELS.keys() == {"digits", "scenes"}
     help_text = parser.build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
     assert all(name in help_text for name in zoo.MODEL_NAMES)
-    with pytest.raises(ValueError, match="unknown model; choose from digits, llamagen"):
+    with pytest.raises(ValueError, match="unknown model; choose from digits, scenes, llamagen"):
         zoo.load("nothing")
 
 
