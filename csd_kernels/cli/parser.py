@@ -138,10 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help=_help("per_class", "digits: images per class per seed", 8))
     sweep.add_argument("--images", type=int,
                        help=_help("images", "scenes: images per seed, from a fixed prompt mix (1-3 objects)", 64))
-    sweep.add_argument("--gsd-ranks", dest="gsd_ranks", default="",
+    sweep.add_argument("--gsd-ranks", dest="gsd_ranks",
                        help="gsd group_rank values k, each an int >= 1: gsd over k x --gsd-deltas besides gsd at its "
                             "defaults (default: none)")
-    sweep.add_argument("--gsd-deltas", dest="gsd_deltas", default="",
+    sweep.add_argument("--gsd-deltas", dest="gsd_deltas",
                        help="gsd group_delta values, each >= 0 (default: none; with --gsd-ranks alone: "
                             f"{GenerationConfig().group_delta})")
     sweep.add_argument("--seeds", type=int, default=3, help=_help("seeds", "seeds 0..N-1", 3))
