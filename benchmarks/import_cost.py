@@ -1,4 +1,5 @@
-"""CPU seconds of ``import csd_kernels`` against ``import torch``, each in a fresh interpreter.
+"""CPU seconds of ``import csd_kernels`` (bare, and with its public names loaded), of ``csd --version``, against
+``import torch``, each in a fresh interpreter.
 
     python benchmarks/import_cost.py [--runs 7]
 
@@ -14,7 +15,12 @@ import statistics
 import subprocess
 import sys
 
-STATEMENTS = {"torch": "import torch", "csd_kernels": "import csd_kernels"}
+STATEMENTS = {
+    "torch": "import torch",
+    "csd_kernels": "import csd_kernels",
+    "csd_kernels names": "import csd_kernels as ck\nfor name in ck.__all__: getattr(ck, name)",
+    "csd --version": "import sys; sys.argv = ['csd', '--version']\nfrom csd_kernels.cli import main\nmain()",
+}
 
 
 def cpu_seconds(statement: str) -> float:
@@ -37,10 +43,10 @@ def main() -> None:
             times[name].append(cpu_seconds(statement))
     medians = {name: statistics.median(values) for name, values in times.items()}
     for name, values in times.items():
-        print(f"import {name:12s} median {medians[name]:.2f} CPU s  (min {min(values):.2f}, max {max(values):.2f}, "
+        print(f"{name:18s} median {medians[name]:.2f} CPU s  (min {min(values):.2f}, max {max(values):.2f}, "
               f"{args.runs} runs)")
-    print(f"csd_kernels / torch: {medians['csd_kernels'] / medians['torch']:.2f}; "
-          f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+    ratios = ", ".join(f"{name} {medians[name] / medians['torch']:.2f}" for name in STATEMENTS if name != "torch")
+    print(f"/ import torch: {ratios}; load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

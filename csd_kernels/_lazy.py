@@ -27,6 +27,9 @@ class _LazyPackage(types.ModuleType):
                 self.__dict__[lazy] = getattr(module, lazy)
         return self.__dict__[name]
 
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(self.__dict__["_lazy_homes"]))
+
 
 def lazy_package(name: str, homes: dict) -> None:
     """Package ``name`` (call it from its __init__ with ``__name__``) gets ``homes`` ({attribute: ".submodule"}) on

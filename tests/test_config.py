@@ -236,8 +236,6 @@ def test_config_and_the_command_line_refuse_bad_flags_without_torch(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--version"], ["--help"], ["generate", "--prompt", "3", "--window", "0"]])
-@pytest.mark.xfail(strict=False, reason="csd_kernels/__init__.py still imports torch eagerly (the lazy-import change "
-                                        "of issue 26 item 6 is another branch)")
 def test_csd_answers_without_importing_torch(argv, tmp_path):
     """python -m csd_kernels.cli (what the csd entry point runs): --version, --help and a refused flag load none of
     torch, transformers, triton, and take < 0.5 s on an idle machine."""

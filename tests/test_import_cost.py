@@ -1,6 +1,6 @@
-"""``import csd_kernels`` costs about ``import torch``: the heavy optional modules (torch._dynamo and triton with it,
-transformers, matplotlib) load only when used, which each test checks in a fresh interpreter by the modules loaded,
-not by a timing (benchmarks/import_cost.py measures the seconds)."""
+"""``import csd_kernels`` imports no torch, and its public names cost about ``import torch``: the heavy optional
+modules (torch._dynamo and triton with it, transformers, matplotlib) load only when used, which each test checks in
+a fresh interpreter by the modules loaded, not by a timing (benchmarks/import_cost.py measures the seconds)."""
 
 import functools
 import json
@@ -25,9 +25,16 @@ def _modules_after(statement: str) -> frozenset:
     return frozenset(json.loads(result.stdout.splitlines()[-1]))
 
 
-def test_import_loads_no_heavy_module():
-    loaded = _modules_after("import torch\nimport csd_kernels")
-    assert "csd_kernels.ops.verify" in loaded  # the custom ops are registered at import, before any use
+def test_a_bare_import_loads_no_torch():
+    """``import csd_kernels`` resolves its public names on first use (so that ``csd --version`` needs no torch)."""
+    loaded = _modules_after("import csd_kernels\nassert 'verify' in dir(csd_kernels)")
+    assert sorted(name for name in ("torch", *HEAVY) if name in loaded) == []
+
+
+def test_importing_the_ops_registers_them_without_heavy_modules():
+    loaded = _modules_after("import torch, csd_kernels.ops\n"
+                            "assert hasattr(torch.ops.csd_kernels, 'verify') and hasattr(torch.ops.csd_kernels,"
+                            " 'verify_tree')")
     assert sorted(name for name in HEAVY if name in loaded) == []
 
 
@@ -49,7 +56,8 @@ def test_public_names_work_without_heavy_modules():
 
 def test_import_loads_nothing_beyond_torch_but_the_standard_library():
     """A new third-party import at the top of any module on the path (scipy, PIL, ...) shows up here."""
-    extra = _modules_after("import torch\nimport csd_kernels") - _modules_after("import torch")
+    extra = (_modules_after("import torch, csd_kernels\nfor name in csd_kernels.__all__: getattr(csd_kernels, name)")
+             - _modules_after("import torch"))
     third_party = sorted(name for name in extra
                          if name.split(".")[0] not in sys.stdlib_module_names and name.split(".")[0] != "csd_kernels")
     assert third_party == []

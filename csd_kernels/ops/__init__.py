@@ -3,3 +3,6 @@ draft tokens), interop.py (FlashInfer's and vLLM's conventions over verify). Sha
 checks) and registry.py (which backend runs: available, in which order, and why not). Each op is one
 ``torch.library`` custom op with a fake implementation; its backends are :mod:`csd_kernels.backends`' and the torch
 reference (:mod:`csd_kernels.reference`)."""
+
+# Importing the package registers its custom ops (torch.ops.csd_kernels.verify, .verify_tree and the compiled rows).
+from . import verify, verify_tree  # noqa: E402,F401
