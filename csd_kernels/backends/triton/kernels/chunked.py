@@ -21,6 +21,7 @@ from .common import (
     PROB_SUM_TOLERANCE,
     acceptance,
     chunk_cdf,
+    chunk_lanes,
     gated_distortion,
     gumbel_uniforms,
     load_mix,
@@ -89,8 +90,7 @@ def _top_k_threshold(c_row, u_row, V, top_k, cfg_scale, inv_t, HAS_UNCOND: tl.co
         mid = (thr + hi + 1) >> 1
         count = tl.zeros((), tl.int32)
         for v0 in range(0, V, BLOCK_V):
-            offs = v0 + lane
-            mask = offs < V
+            offs, mask = chunk_lanes(v0, lane, V)
             z = load_mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, False)
             count += tl.sum((mask & (order_key(z) >= mid.to(tl.int32))).to(tl.int32), 0)
         ok = count >= top_k
@@ -105,8 +105,7 @@ def _max_sweep(c_row, u_row, V, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, BLOC
     lane = tl.arange(0, BLOCK_V)
     m = tl.full((), float("-inf"), tl.float32)
     for v0 in range(0, V, BLOCK_V):
-        offs = v0 + lane
-        mask = offs < V
+        offs, mask = chunk_lanes(v0, lane, V)
         z = tl.where(mask, load_mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, False), float("-inf"))
         m = tl.maximum(m, tl.max(z, 0))
     return m
@@ -118,8 +117,7 @@ def _mass_sweep(c_row, u_row, V, key_lo, m, cfg_scale, inv_t, HAS_UNCOND: tl.con
     lane = tl.arange(0, BLOCK_V)
     mass = tl.zeros((), tl.float32)
     for v0 in range(0, V, BLOCK_V):
-        offs = v0 + lane
-        mask = offs < V
+        offs, mask = chunk_lanes(v0, lane, V)
         z = tl.where(mask, load_mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, False), float("-inf"))
         mass += tl.sum(tl.where(mask & (order_key(z) >= key_lo.to(tl.int32)), tl.exp(z - m), 0.0), 0)
     return mass
@@ -147,8 +145,7 @@ def _min_p_threshold(c_row, u_row, V, m, log_min_p, cfg_scale, inv_t, HAS_UNCOND
     lane = tl.arange(0, BLOCK_V)
     lowest = tl.full((), 2147483647, tl.int32)
     for v0 in range(0, V, BLOCK_V):
-        offs = v0 + lane
-        mask = offs < V
+        offs, mask = chunk_lanes(v0, lane, V)
         z = load_mix(c_row, u_row, offs, mask, cfg_scale, inv_t, HAS_UNCOND, False)
         lowest = tl.minimum(lowest, tl.min(tl.where(mask & (z - m >= log_min_p), order_key(z), 2147483647), 0))
     return lowest.to(tl.int64)
@@ -185,8 +182,7 @@ def softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, pos, row_id, k0, k1, H
     g_best = tl.full((), float("-inf"), tl.float32)
     g_index = tl.zeros((), tl.int32)
     for v0 in range(0, V, BLOCK_V):
-        offs = v0 + lane
-        mask = offs < V
+        offs, mask = chunk_lanes(v0, lane, V)
         if PROBS:
             w, bad_c = load_probs(c_row, offs, mask)
             z = log_or_minus_inf(w)
@@ -232,8 +228,7 @@ def _stats_sweep(c_row, u_row, q_row, s_qv, probs_row, x, bad, V, thr, m, z_sum,
     carry_p = tl.zeros((), tl.float32)
     q_sum = tl.zeros((), tl.float32)
     for v0 in range(0, V, BLOCK_V):
-        offs = v0 + lane
-        mask = offs < V
+        offs, mask = chunk_lanes(v0, lane, V)
         p, _support = chunk_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
                               TOP_K, PROBS)
         q, bad_c = _chunk_q(q_row, s_qv, offs, mask, x, HAS_Q)
@@ -268,8 +263,7 @@ def _draw_sweep(c_row, u_row, q_row, s_qv, x, bad_q, use_r, target_w, target_p, 
     first_p = tl.full((), _NO_HIT, tl.int32)
     last_p = tl.full((), -1, tl.int32)
     for v0 in range(0, V, BLOCK_V):
-        offs = v0 + lane
-        mask = offs < V
+        offs, mask = chunk_lanes(v0, lane, V)
         p, support = chunk_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
                              TOP_K, PROBS)
         q, _bad_c = _chunk_q(q_row, s_qv, offs, mask, x, HAS_Q)

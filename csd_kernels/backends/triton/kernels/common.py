@@ -201,6 +201,13 @@ def order_key(z):
     return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
 
 @triton.jit
+def chunk_lanes(v0, lane, V):
+    """(offsets, in-vocabulary mask) of the chunk that starts at v0."""
+    offs = v0 + lane
+    return offs, offs < V
+
+
+@triton.jit
 def chunk_cdf(w, carry, offs, BLOCK: tl.constexpr):
     """Running CDF of one chunk seeded by ``carry`` and the carry for the next chunk (its last CDF value)."""
     cdf = carry + tl.cumsum(w, 0)

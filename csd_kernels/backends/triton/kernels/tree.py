@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .... import reference as ref
 from .chunked import chunk_p, load_z, restrict, restriction_threshold, softmax_sweep
-from .common import S_BAD_LOGITS, acceptance, chunk_cdf, gated_distortion, philox, row_key, uniform
+from .common import S_BAD_LOGITS, acceptance, chunk_cdf, chunk_lanes, gated_distortion, philox, row_key, uniform
 
 TREE_TAG = tl.constexpr(ref.TREE_STREAM_TAG)
 NO_HIT = tl.constexpr(2147483647)
@@ -63,8 +63,7 @@ def _load_node(c_row, u_row, q_row, s_qv, has_q, scr_p, scr_q, V, thr, m, z_sum,
     h_acc = tl.zeros((), tl.float32)
     abs_diff = tl.zeros((), tl.float32)
     for v0 in range(0, V, BLOCK_V):
-        offs = v0 + lane
-        mask = offs < V
+        offs, mask = chunk_lanes(v0, lane, V)
         p, _support = _node_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, bad, inv_v, cfg_scale, inv_t,
                               HAS_UNCOND, GREEDY, RESTRICT)
         q = tl.where(has_q, tl.load(q_row + offs * s_qv, mask=mask, other=0.0).to(tl.float32), 0.0)
@@ -82,13 +81,22 @@ def _distortion(c_row, u_row, q_row, s_qv, V, thr, m, z_sum, amax, bad, inv_v, l
     lane = tl.arange(0, BLOCK_V)
     dist = tl.zeros((), tl.float32)
     for v0 in range(0, V, BLOCK_V):
-        offs = v0 + lane
-        mask = offs < V
+        offs, mask = chunk_lanes(v0, lane, V)
         p, support = _node_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, bad, inv_v, cfg_scale, inv_t,
                              HAS_UNCOND, GREEDY, RESTRICT)
         q = tl.load(q_row + offs * s_qv, mask=mask, other=0.0).to(tl.float32)
         dist += tl.sum(gated_distortion(p, q, lambda_h, support), 0)
     return dist
+
+
+@triton.jit
+def _rrs_chunk(scr_p, scr_q, rest_row, s_rv, x, v0, lane, V):
+    """(offs, mask, p, q, rest without x) of the chunk at v0, for _rrs_update."""
+    offs, mask = chunk_lanes(v0, lane, V)
+    p = tl.load(scr_p + offs, mask=mask, other=0.0)
+    q = tl.load(scr_q + offs, mask=mask, other=0.0)
+    rest = tl.load(rest_row + offs * s_rv, mask=mask & (offs != x), other=0.0).to(tl.float32)
+    return offs, mask, p, q, rest
 
 
 @triton.jit
@@ -99,19 +107,11 @@ def _rrs_update(scr_p, scr_q, rest_row, s_rv, x, V, BLOCK_V: tl.constexpr):
     mass = tl.zeros((), tl.float32)
     left = tl.zeros((), tl.float32)
     for v0 in range(0, V, BLOCK_V):
-        offs = v0 + lane
-        mask = offs < V
-        p = tl.load(scr_p + offs, mask=mask, other=0.0)
-        q = tl.load(scr_q + offs, mask=mask, other=0.0)
-        rest = tl.load(rest_row + offs * s_rv, mask=mask & (offs != x), other=0.0).to(tl.float32)
+        offs, mask, p, q, rest = _rrs_chunk(scr_p, scr_q, rest_row, s_rv, x, v0, lane, V)
         mass += tl.sum(tl.maximum(p - q, 0.0), 0)
         left += tl.sum(rest, 0)
     for v0 in range(0, V, BLOCK_V):
-        offs = v0 + lane
-        mask = offs < V
-        p = tl.load(scr_p + offs, mask=mask, other=0.0)
-        q = tl.load(scr_q + offs, mask=mask, other=0.0)
-        rest = tl.load(rest_row + offs * s_rv, mask=mask & (offs != x), other=0.0).to(tl.float32)
+        offs, mask, p, q, rest = _rrs_chunk(scr_p, scr_q, rest_row, s_rv, x, v0, lane, V)
         new_p = tl.where(mass > 0, tl.maximum(p - q, 0.0) / tl.where(mass > 0, mass, 1.0), p)
         new_q = tl.where(left > 0, rest / tl.where(left > 0, left, 1.0), 0.0)
         tl.store(scr_p + offs, new_p, mask=mask)
@@ -132,8 +132,7 @@ def _draw(scr_p, u, V, BLOCK_V: tl.constexpr):
     first = tl.full((), NO_HIT, tl.int32)
     last = tl.full((), -1, tl.int32)
     for v0 in range(0, V, BLOCK_V):
-        offs = v0 + lane
-        mask = offs < V
+        offs, mask = chunk_lanes(v0, lane, V)
         w = tl.load(scr_p + offs, mask=mask, other=0.0)
         cdf, carry = chunk_cdf(w, carry, lane, BLOCK_V)
         first = tl.minimum(first, tl.min(tl.where(mask & (cdf > target), offs, NO_HIT), 0).to(tl.int32))
