@@ -33,6 +33,17 @@ def read_json(path: Path) -> dict:
         raise ValueError(f"{path}: cannot read JSON ({exc})") from exc
 
 
+def folder_config(path: Path, family: str, contents: str) -> dict:
+    """config.json of a checkpoint folder, as a dict; ValueError naming the folder (``family``'s checkpoint holds
+    ``contents``) when it is not a folder or has no config.json."""
+    if not path.is_dir():
+        raise ValueError(f"{path}: not a directory (pass a {family} checkpoint folder: {contents}; for a hub id, "
+                         "download it first, e.g. huggingface_hub.snapshot_download(repo_id))")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path}: no config.json")
+    return read_json(path / "config.json")
+
+
 def indexed_shards(path: Path, index: str) -> list:
     """The weight files that ``path / index`` (a ``*.index.json`` with a weight_map) names, each checked to exist."""
     weight_map = read_json(path / index).get("weight_map")

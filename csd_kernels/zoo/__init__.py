@@ -22,6 +22,7 @@ import torch
 
 from ..constants import SHIPPED_MODELS
 from ..decoding.config import GenerationConfig
+from ..models.loading import class_ids
 from ..models.registry import FAMILIES, Family, Measure, ZooModel
 
 __all__ = ["MODELS", "MODEL_NAMES", "MEASURED_MODELS", "DIGITS_MEASURES", "Measure", "ZooModel", "describe_options",
@@ -50,13 +51,7 @@ def _digits(device: Optional[torch.device] = None, **options) -> ZooModel:
                      decode=lambda tokens: codebook.decode(tokens.cpu()))
 
     def parse(prompts: list[str]) -> dict:
-        classes = []
-        for prompt in prompts:
-            text = str(prompt).strip()
-            if not text.isdigit() or not 0 <= int(text) < NUM_CLASSES:
-                raise ValueError(f"prompt {prompt!r}: the digits model takes a class id 0..{NUM_CLASSES - 1}")
-            classes.append(int(text))
-        ids = prompt_ids(classes)
+        ids = prompt_ids(class_ids(prompts, NUM_CLASSES, "the digits model"))
         return {"input_ids": ids if device is None else ids.to(device)}
 
     def measure(tokens: torch.Tensor, prompts: list[str]) -> dict:

@@ -42,7 +42,15 @@ from typing import Optional, Union
 
 import torch
 
-from ..checkpoint import GENERIC_FIELDS, MAX_LISTED, indexed_shards, log_ignored, raise_problems, read_json
+from ..checkpoint import (
+    GENERIC_FIELDS,
+    MAX_LISTED,
+    folder_config,
+    indexed_shards,
+    log_ignored,
+    raise_problems,
+    read_json,
+)
 
 __all__ = ["is_janus_original", "janus_original_config", "janus_tokenizer", "load_janus_pro"]
 
@@ -342,12 +350,7 @@ def load_janus_pro(path: Union[str, os.PathLike], *, dtype: Optional[torch.dtype
     from transformers import JanusForConditionalGeneration
 
     path = Path(path)
-    if not path.is_dir():
-        raise ValueError(f"{path}: not a directory (pass a Janus-Pro checkpoint folder: config.json + weights; for a "
-                         "hub id, download it first, e.g. huggingface_hub.snapshot_download(repo_id))")
-    if not (path / "config.json").is_file():
-        raise ValueError(f"{path}: no config.json")
-    raw = read_json(path / "config.json")
+    raw = folder_config(path, "Janus-Pro", "config.json + weights")
     if raw.get("model_type") != "multi_modality":
         raise ValueError(f"{path / 'config.json'}: model_type {raw.get('model_type')!r} is not deepseek's "
                          "'multi_modality' (a transformers-format folder loads with from_pretrained)")

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from ..loading import loading, placement, refuse_options, require_path
+from ..loading import class_ids, loading, placement, refuse_options, require_path
 from ..registry import ZooModel
 from .loader import load_llamagen
 
@@ -61,12 +61,7 @@ def load(device=None, *, weights=None, config=None, vq=None, image_size=None, dt
     classes = adapter.args.num_classes
 
     def parse(prompts: list[str]) -> dict:
-        ids = []
-        for prompt in prompts:
-            text = str(prompt).strip()
-            if not text.isdigit() or not 0 <= int(text) < classes:
-                raise ValueError(f"prompt {prompt!r}: LlamaGen c2i takes a class id 0..{classes - 1}")
-            ids.append([int(text)])
+        ids = [[i] for i in class_ids(prompts, classes, "LlamaGen c2i")]
         return {"input_ids": torch.tensor(ids, dtype=torch.long, device=device)}
 
     return ZooModel("llamagen", adapter, parse, defaults=adapter.defaults,

@@ -49,7 +49,7 @@ from typing import Optional, Union
 
 import torch
 
-from ..checkpoint import GENERIC_FIELDS, indexed_shards, log_ignored, raise_problems, read_json
+from ..checkpoint import GENERIC_FIELDS, folder_config, indexed_shards, log_ignored, raise_problems
 
 __all__ = ["LUMINA_ARCHITECTURES", "load_lumina_chameleon", "lumina_chameleon_config", "move_chameleon"]
 
@@ -287,12 +287,7 @@ def load_lumina_chameleon(path: Union[str, os.PathLike], *, dtype: Optional[torc
     dtype: None = the checkpoint's ``torch_dtype`` (bfloat16 in the releases); device: None = CPU.
     ValueError, naming keys and shapes, for anything the rules of this module do not cover."""
     path = Path(path)
-    if not path.is_dir():
-        raise ValueError(f"{path}: not a directory (pass a Lumina-mGPT checkpoint folder: config.json + safetensors; "
-                         "for a hub id, download it first, e.g. huggingface_hub.snapshot_download(repo_id))")
-    if not (path / "config.json").is_file():
-        raise ValueError(f"{path}: no config.json")
-    raw = read_json(path / "config.json")
+    raw = folder_config(path, "Lumina-mGPT", "config.json + safetensors")
     config = lumina_chameleon_config(raw, path / "config.json")
     stored = _scan(path)
     model = _empty_model(config)
