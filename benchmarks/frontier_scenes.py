@@ -7,16 +7,13 @@ command's fixed one (which adds sjd independent / gumbel and costs 2x the CPU he
 import sys
 
 from csd_kernels.bench import frontier
-from csd_kernels.bench.frontier import Setting
 from csd_kernels.zoo import measurement_prompts
 
 
 def main() -> None:
     images = int(sys.argv[1]) if len(sys.argv) > 1 else 96
     out = sys.argv[2] if len(sys.argv) > 2 else "docs/img/scenes_frontier"
-    grid = [Setting("ar", "ar"), Setting("sjd+maximal", "sjd", "maximal"), Setting("gsd", "gsd")]
-    grid += [Setting(f"csd+maximal λ={lam:g} τ={tau:g}", "csd", "maximal", lam, tau)
-             for lam in (0.25, 0.5, 1.0) for tau in (0.65, 1.0)]
+    grid = frontier.settings((0.25, 0.5, 1.0), (0.65, 1.0), ("maximal",), trees=(), sjd_couplings=("maximal",))
     prompts = measurement_prompts("scenes", images=images)
     result = frontier.sweep("scenes", seeds=(0,), workers=2, grid=grid, prompts=prompts)
     print(frontier.format_table(result, labels=list(result["results"])))

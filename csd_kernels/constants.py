@@ -3,7 +3,8 @@ parser and refuses bad flags from them before it imports torch; decoding/config.
 
 Each is defined here once; the layers that own the concept re-export it (reference.COUPLINGS,
 reference.DEFAULT_ENTROPY_COEF, ops.registry.BACKENDS). The csd --model names and help are
-models/registry.py's families (also torch-free) after the models shipped here, SHIPPED_MODELS."""
+models/registry.py's families (also torch-free) after the models shipped here, SHIPPED_MODELS, in the order of
+registry.command_models()."""
 
 __all__ = ["COUPLINGS", "DEFAULT_ENTROPY_COEF", "DEFAULT_TVD_THRESHOLD", "DEFAULT_GROUP_RANK", "DEFAULT_GROUP_DELTA",
            "BACKENDS", "SHIPPED_MODELS"]

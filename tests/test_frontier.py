@@ -54,6 +54,13 @@ def test_tree_settings():
     assert not [s for s in frontier.settings(trees=()) if s.tree or s.static]
 
 
+def test_a_smaller_grid_keeps_the_chosen_sjd_couplings():
+    """benchmarks/frontier_scenes.py's grid: sjd with the maximal next drafts alone, no trees."""
+    grid = frontier.settings((0.25,), (0.65,), ("maximal",), trees=(), sjd_couplings=("maximal",))
+    assert [s.label for s in grid] == ["ar", "sjd+maximal", "gsd", "csd+maximal λ=0.25 τ=0.65"]
+    assert grid[1].generate_kwargs() == dict(mode="sjd", coupling="maximal")
+
+
 def test_pareto_and_answers():
     rows = {"ar": _row(256, 0.90, 10.0, std=0.02),  # band: accuracy >= 0.88, Fréchet <= 10.02
             "a": _row(80, 0.89, 10.0),  # 3.2x, inside the band

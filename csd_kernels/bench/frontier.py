@@ -32,6 +32,7 @@ from ..zoo import Measure
 
 LAMBDAS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
 TAUS = (0.3, 0.65, 1.0)
+SJD_COUPLINGS = ("independent", "maximal", "gumbel")
 CSD_COUPLINGS = ("independent", "maximal")
 TREES = ((2, 2), (3, 2))  # (K, D) of the draft-tree settings (generate(tree=...), the static loop; docs/trees.md)
 BATCH = 16
@@ -69,16 +70,15 @@ class Setting:
 
 
 def settings(lambdas=LAMBDAS, taus=TAUS, couplings=CSD_COUPLINGS, trees=TREES,
-             tree_modes=TREE_MODES, gsd=()) -> list[Setting]:
-    """ar, sjd (independent / maximal / gumbel next drafts), gsd (its defaults, then each (k, δ) of ``gsd`` but
-    those), csd over couplings × λ × τ, then with trees the chain sjd+maximal in the static loop (the trees' loop: the
-    like-for-like reference) and for each tree (K, D): sjd+maximal+tree and (csd in tree_modes, maximal in couplings)
-    csd+maximal+tree over λ × τ."""
-    fixed = [Setting("ar", "ar"), Setting("sjd", "sjd", "independent"), Setting("sjd+maximal", "sjd", "maximal"),
-             Setting("sjd+gumbel", "sjd", "gumbel"), Setting("gsd", "gsd")]
+             tree_modes=TREE_MODES, gsd=(), sjd_couplings=SJD_COUPLINGS) -> list[Setting]:
+    """ar, sjd (each next-draft coupling of ``sjd_couplings``: independent / maximal / gumbel), gsd (its defaults,
+    then each (k, δ) of ``gsd`` but those), csd over couplings × λ × τ, then with trees the chain sjd+maximal in the
+    static loop (the trees' loop: the like-for-like reference) and for each tree (K, D): sjd+maximal+tree and (csd in
+    tree_modes, maximal in couplings) csd+maximal+tree over λ × τ."""
+    fixed = [Setting("ar", "ar"), *(Setting(_label("sjd", c), "sjd", c) for c in sjd_couplings), Setting("gsd", "gsd")]
     fixed += [Setting(f"gsd k={k} δ={delta:g}", "gsd", group_rank=k, group_delta=delta) for k, delta in gsd
               if (k, delta) != (DEFAULT_GROUP_RANK, DEFAULT_GROUP_DELTA)]
-    csd = [Setting(f"csd{'' if c == 'independent' else '+' + c} λ={lam:g} τ={tau:g}", "csd", c, lam, tau)
+    csd = [Setting(f"{_label('csd', c)} λ={lam:g} τ={tau:g}", "csd", c, lam, tau)
            for c in couplings for lam in lambdas for tau in taus]
     tree_sjd = [Setting(f"sjd+maximal+tree {k}x{d}", "sjd", "maximal", tree=(k, d))
                 for k, d in trees if "sjd" in tree_modes]
@@ -87,6 +87,11 @@ def settings(lambdas=LAMBDAS, taus=TAUS, couplings=CSD_COUPLINGS, trees=TREES,
     tree_csd = [Setting(f"csd+maximal+tree {k}x{d} λ={lam:g} τ={tau:g}", "csd", "maximal", lam, tau, (k, d))
                 for k, d in trees for lam in lambdas for tau in taus if "csd" in tree_modes and "maximal" in couplings]
     return fixed + csd + tree_sjd + tree_csd
+
+
+def _label(mode: str, coupling: str) -> str:
+    """A setting's name: the mode alone for independent next drafts, else mode+coupling (sjd, csd+maximal)."""
+    return mode if coupling == "independent" else f"{mode}+{coupling}"
 
 
 # ------------------------------------------------------------------------------------------------------- running

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from .. import __version__
-from ..constants import BACKENDS, COUPLINGS, SHIPPED_MODELS
+from ..constants import BACKENDS, COUPLINGS
 from ..decoding.config import DEFAULT_COUPLING, MODES, RULES, GenerationConfig, check, check_generate
 from ..models import registry
 
@@ -33,8 +33,7 @@ def _help(name: str, text: str, default) -> str:
 def add_model_options(parser: argparse.ArgumentParser, device: bool = True) -> None:
     """--model (one of zoo.MODELS: the shipped models, then the registry's families with a loader) and the local
     checkpoint it runs (see the family's models/<family>/command.py)."""
-    lines = [*SHIPPED_MODELS.items(), *((f.name, f.help) for f in registry.FAMILIES if f.loader is not None)]
-    models = ", ".join(f"{name} ({text})" for name, text in lines).replace("%", "%%")
+    models = ", ".join(f"{entry.name} ({entry.help})" for entry in registry.command_models()).replace("%", "%%")
     parser.add_argument("--model", default="digits", help=f"one of {models} (default: digits)")
     parser.add_argument("--weights", help="llamagen: the GPT .pt; lumina-mgpt, janus-pro, emu3: the checkpoint folder "
                                           "(default: none; digits ships its weights)")

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from ..decoding.config import GenerationConfig
 
-__all__ = ["FAMILIES", "Family", "Measure", "ZooModel", "family_of", "get_adapter", "resolve"]
+__all__ = ["FAMILIES", "Family", "Measure", "ZooModel", "command_models", "family_of", "get_adapter", "resolve"]
 
 
 def resolve(ref: Union[str, Callable]) -> Any:
@@ -73,6 +73,17 @@ FAMILIES = (
            hint="a causal LM wrapped in csd_kernels.models.ImageGPT(lm, image_token_range=..., grid=..., "
                 "null_token_id=...)"),
 )
+
+
+def command_models(shipped_loaders: Optional[dict] = None) -> tuple[Family, ...]:
+    """Every ``csd --model`` entry in the command's order: the models zoo/ ships (constants.SHIPPED_MODELS: names and
+    help; ``shipped_loaders``: {name: loader}, which the zoo owns; None for the names and help alone), then the
+    families with a command-line loader."""
+    from ..constants import SHIPPED_MODELS  # on use: this module is read by path, without the package
+
+    loaders = shipped_loaders or {}
+    shipped = (Family(name, text, loader=loaders.get(name)) for name, text in SHIPPED_MODELS.items())
+    return (*shipped, *(family for family in FAMILIES if family.loader is not None))
 
 
 def family_of(model) -> Optional[Family]:

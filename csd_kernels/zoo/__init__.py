@@ -20,10 +20,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..constants import SHIPPED_MODELS
 from ..decoding.config import GenerationConfig
 from ..models.loading import class_ids
-from ..models.registry import FAMILIES, Family, Measure, ZooModel
+from ..models.registry import Measure, ZooModel, command_models
 
 __all__ = ["MODELS", "MODEL_NAMES", "MEASURED_MODELS", "DIGITS_MEASURES", "Measure", "ZooModel", "describe_options",
            "load", "measurement_prompts"]
@@ -137,11 +136,7 @@ def _digits_heldout_images(prompts: list[str], seed: int) -> torch.Tensor:
 
 
 # Every --model name, one entry each: the models shipped in zoo/, then the families with a command-line loader.
-MODELS = (
-    Family("digits", SHIPPED_MODELS["digits"], loader=_digits),
-    Family("scenes", SHIPPED_MODELS["scenes"], loader=_scenes),
-    *(family for family in FAMILIES if family.loader is not None),
-)
+MODELS = command_models({"digits": _digits, "scenes": _scenes})
 MODEL_NAMES = tuple(entry.name for entry in MODELS)
 
 

@@ -24,38 +24,34 @@ from .world import random_prompts
 BATCH = 16
 
 
-def ar_images(model, tokenizer, prompts: list[str], cfg: float, seed: int, top_k: int | None = None) -> np.ndarray:
-    """uint8 [N, 96, 96, 3]: one AR sample per prompt, row seeds ``seed + i``."""
+def ar_images(entry, prompts: list[str], cfg: float, seed: int, top_k: int | None = None) -> np.ndarray:
+    """uint8 [N, 96, 96, 3]: one AR sample per prompt of the zoo model ``entry``, row seeds ``seed + i``."""
     from ...decoding import generate
-    from .model import prompt_ids
 
     images = []
     for start in range(0, len(prompts), BATCH):
         chunk = prompts[start:start + BATCH]
-        out = generate(model, prompt_ids(chunk), mode="ar", cfg_scale=cfg, top_k=top_k, seed=seed + start)
-        images.append(tokenizer.decode(out.tokens).numpy())
+        out = generate(entry.model, **entry.prompt_inputs(chunk), mode="ar", cfg_scale=cfg, top_k=top_k,
+                       seed=seed + start)
+        images.append(out.images.numpy())
     return np.concatenate(images)
 
 
 def evaluate(weights_dir=None, cfgs=(1.0, 2.0, 3.0, 5.0), images: int = 200, seed: int = 0, top_k: int | None = None,
              log=lambda *a: print(*a, flush=True)) -> tuple[dict, dict]:
     """({"cfg<s>": quality, "ceiling": quality}, {"cfg<s>": images}) for ``images`` prompts of the fixed mix."""
-    from ...models import ImageGPT
-    from .model import NULL_TOKEN_ID, NUM_CODES, load_lm, load_tokenizer
-    from .tokenizer import GRID
+    from ... import zoo
 
-    tokenizer = load_tokenizer(weights_dir)
-    model = ImageGPT(load_lm(weights_dir), image_token_range=(0, NUM_CODES), grid=GRID, null_token_id=NULL_TOKEN_ID)
+    entry = zoo.load("scenes", weights=weights_dir)
     prompts = random_prompts(images, seed=seed + 1)
     results, samples = {}, {}
     for cfg in cfgs:
         t0 = time.time()
-        samples[f"cfg{cfg:g}"] = ar_images(model, tokenizer, prompts, cfg, seed, top_k)
+        samples[f"cfg{cfg:g}"] = ar_images(entry, prompts, cfg, seed, top_k)
         q = checker.scene_quality(samples[f"cfg{cfg:g}"], prompts, seed)
         results[f"cfg{cfg:g}"] = {**q, "seconds": round(time.time() - t0, 1), "images": images}
         log(f"cfg {cfg:g}: {results[f'cfg{cfg:g}']}")
-    rendered = checker.rendered_like(prompts, seed + 10_000)
-    results["ceiling"] = checker.scene_quality(tokenizer.decode(tokenizer.encode(rendered)).numpy(), prompts, seed)
+    results["ceiling"] = entry.heldout_quality(prompts, seed)
     log(f"ceiling (rendered -> tokenizer -> back): {results['ceiling']}")
     return results, samples
 
