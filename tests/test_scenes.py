@@ -282,3 +282,18 @@ def test_sjd_law_equals_ar_law_on_scenes(entry):
     (x, y), ranks, sizes = _joint(ar, _first_tokens(entry, "sjd", seed=0, coupling="maximal"))
     p = min(_two_sample_p(x, y, int(np.prod(sizes))), *(_two_sample_p(*r, n) for r, n in zip(ranks, sizes)))
     assert p > 1e-3
+
+
+@pytest.mark.parametrize("count", [3, 8, 10])
+def test_the_sample_grid_keeps_every_image_and_pads_the_last_row(count, tmp_path):
+    from PIL import Image
+
+    from csd_kernels.zoo.scenes.evaluate import save_grid
+
+    images = np.stack([np.full((4, 5, 3), 10 + i, np.uint8) for i in range(count)])
+    save_grid(images, tmp_path / "grid.png")
+    grid = np.asarray(Image.open(tmp_path / "grid.png"))
+    columns = min(8, count)
+    assert grid.shape == (4 * -(-count // columns), 5 * columns, 3)
+    tiles = [grid[r * 4:(r + 1) * 4, c * 5:(c + 1) * 5] for r in range(grid.shape[0] // 4) for c in range(columns)]
+    assert [int(tile[0, 0, 0]) for tile in tiles] == [10 + i for i in range(count)] + [0] * (len(tiles) - count)

@@ -59,8 +59,10 @@ def evaluate(weights_dir=None, cfgs=(1.0, 2.0, 3.0, 5.0), images: int = 200, see
 def save_grid(images: np.ndarray, path, ncol: int = 8) -> None:
     from PIL import Image
 
-    n = (len(images) // ncol) * ncol
-    rows = [np.concatenate(list(images[r:r + ncol]), axis=1) for r in range(0, n, ncol)]
+    ncol = min(ncol, len(images))
+    blank = np.zeros_like(images[0])  # fills the last row
+    padded = list(images) + [blank] * (-len(images) % ncol)
+    rows = [np.concatenate(padded[r:r + ncol], axis=1) for r in range(0, len(padded), ncol)]
     Image.fromarray(np.concatenate(rows, axis=0)).save(path)
 
 
