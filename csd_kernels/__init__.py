@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 # verify_tree / the interop functions, or ``import csd_kernels.ops``.
 lazy_package(__name__, {
     **dict.fromkeys(("GenerateOutput", "generate"), ".decoding.generate"),
-    "GenerationConfig": ".decoding.config",
+    "GenerationConfig": ".config.generation",
     **dict.fromkeys(("chain_speculative_sampling", "rejection_sample"), ".ops.interop"),
     "available_backends": ".ops.registry",
     **dict.fromkeys(("VerifyResult", "verify"), ".ops.verify"),

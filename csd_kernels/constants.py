@@ -1,5 +1,5 @@
 """Names and default values that several layers share, importable without torch (the ``csd`` command builds its
-parser and refuses bad flags from them before it imports torch; decoding/config.py reads them).
+parser and refuses bad flags from them before it imports torch; config/generation.py reads them).
 
 Each is defined here once; the layers that own the concept re-export it (reference.COUPLINGS,
 reference.DEFAULT_ENTROPY_COEF, ops.registry.BACKENDS). The csd --model names and help are

@@ -1,7 +1,7 @@
 """GenerationConfig is every setting once: its fields are generate()'s settings, the csd flags, what csd run records in
 run.json and csd generate in stats.json (a field added to it appears in all of them, checked in a process whose
-config.py has one more field); config=... with keyword overrides; bad values named; the config module and the
-command line's parser import no torch."""
+config/generation.py has one more field); config=... with keyword overrides; bad values named; the config package and
+the command line's parser import no torch."""
 
 import dataclasses
 import inspect
@@ -20,8 +20,8 @@ from csd_kernels import reference as ref
 from csd_kernels import zoo
 from csd_kernels.cli import commands
 from csd_kernels.cli import parser as cli_parser
-from csd_kernels.decoding.config import RULES
-from csd_kernels.decoding.rules import ArgumentError
+from csd_kernels.config.generation import RULES
+from csd_kernels.config.rules import ArgumentError
 from csd_kernels.ops.verify import verify
 from csd_kernels.ops.verify_tree import verify_tree
 from csd_kernels.runner.files import SETTINGS
@@ -115,7 +115,7 @@ class Loader(importlib.machinery.SourceFileLoader):
 
 class Finder:
     def find_spec(self, fullname, path, target=None):
-        if fullname != "csd_kernels.decoding.config":
+        if fullname != "csd_kernels.config.generation":
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         spec.loader = Loader(fullname, spec.origin)
@@ -125,7 +125,7 @@ sys.meta_path.insert(0, Finder())
 import torch
 import csd_kernels as ck
 from csd_kernels.cli import commands, main, parser
-from csd_kernels.decoding.config import RULES
+from csd_kernels.config.generation import RULES
 from csd_kernels.runner.files import SETTINGS
 
 assert ck.GenerationConfig(lookahead=5).changed() == {"lookahead": 5}
@@ -149,9 +149,9 @@ print("ok")
 
 
 def test_a_new_field_appears_everywhere(tmp_path):
-    """A field added to GenerationConfig (here: in a process whose config.py has one more) is a generate() keyword
-    checked by its rule, a flag of every sampling command refused by that rule, a setting run.json records and one
-    stats.json records, with nothing else edited."""
+    """A field added to GenerationConfig (here: in a process whose config/generation.py has one more) is a generate()
+    keyword checked by its rule, a flag of every sampling command refused by that rule, a setting run.json records and
+    one stats.json records, with nothing else edited."""
     script = f"NEW_FIELD = {_NEW_FIELD!r}\n" + textwrap.dedent(_CHECK_NEW_FIELD)
     env = dict(os.environ, PYTHONPATH=ROOT)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env,
@@ -205,12 +205,12 @@ def test_a_config_holds_checked_values():
 # ----------------------------------------------------------------------------------------------------------------------
 _WITHOUT_PACKAGE_INIT = """
 import os, sys, types
-package = types.ModuleType("csd_kernels")  # csd_kernels/__init__.py imports torch; this checks the modules below it
+package = types.ModuleType("csd_kernels")  # the modules below csd_kernels/__init__.py, without it
 package.__path__ = [os.path.join(sys.argv[1], "csd_kernels")]
 package.__version__ = "test"
 sys.modules["csd_kernels"] = package
 import contextlib, io
-import csd_kernels.decoding.config
+import csd_kernels.config.generation
 import csd_kernels.cli.parser
 from csd_kernels.cli.entry import main
 with contextlib.redirect_stderr(io.StringIO()) as err:

@@ -99,34 +99,30 @@ def test_no_import_cycles():
 # Which layers each layer may import (its own is always allowed). A layer is a subpackage of csd_kernels, or one of
 # its top-level modules: "csd_kernels" (the package's front, __init__.py), "testing", "__main__", and the torch-free
 # leaves every layer may read: "constants" (shared names and defaults), "_lazy" (lazily loaded package names) and
-# "settings" (GenerationConfig and its rules, :data:`SETTINGS`: models give their defaults as one, so it sits below
-# models although its files live in decoding/). Backends are reached only through ops; the top row (zoo, bench,
-# runner, cli) builds on everything below it.
+# "config" (GenerationConfig and its rules: models give their defaults as one, so it sits below models). Backends
+# are reached only through ops; the top row (zoo, bench, runner, cli) builds on everything below it.
 _LEAVES = {"constants", "_lazy"}
 MAY_IMPORT = {
     "constants": set(),
     "_lazy": set(),
-    "settings": {"constants"},
+    "config": {"constants"},
     "reference": {*_LEAVES},
     "backends": {*_LEAVES, "reference"},
     "ops": {*_LEAVES, "reference", "backends"},
     "testing": {*_LEAVES, "reference", "ops"},
-    "models": {*_LEAVES, "settings", "reference", "ops"},
-    "decoding": {*_LEAVES, "settings", "reference", "ops", "models"},
-    "csd_kernels": {*_LEAVES, "settings", "ops", "decoding", "models"},
-    "zoo": {*_LEAVES, "settings", "reference", "ops", "models", "decoding"},
-    "bench": {*_LEAVES, "settings", "reference", "ops", "models", "decoding", "testing", "zoo"},
-    "runner": {*_LEAVES, "settings", "reference", "ops", "models", "decoding", "zoo"},
-    "cli": {*_LEAVES, "settings", "csd_kernels", "reference", "ops", "models", "decoding", "zoo", "bench", "runner"},
+    "models": {*_LEAVES, "config", "reference", "ops"},
+    "decoding": {*_LEAVES, "config", "reference", "ops", "models"},
+    "csd_kernels": {*_LEAVES, "config", "ops", "decoding", "models"},
+    "zoo": {*_LEAVES, "config", "reference", "ops", "models", "decoding"},
+    "bench": {*_LEAVES, "config", "reference", "ops", "models", "decoding", "testing", "zoo"},
+    "runner": {*_LEAVES, "config", "reference", "ops", "models", "decoding", "zoo"},
+    "cli": {*_LEAVES, "config", "csd_kernels", "reference", "ops", "models", "decoding", "zoo", "bench", "runner"},
     "__main__": {"cli"},
 }
-SETTINGS = {"csd_kernels.decoding.config", "csd_kernels.decoding.rules"}  # the "settings" layer
 PRIVATE_ALLOWED = {"_C"}  # the compiled extension's module name
 
 
 def layer(module: str) -> str:
-    if module in SETTINGS:
-        return "settings"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from ..decoding.rules import ArgumentError
+from ..config.rules import ArgumentError
 from ..runner.usage import UsageError, flag_error
 from .parser import build_parser, check_flags
 

@@ -1,5 +1,5 @@
 """The ``csd`` command's parser: its subcommands and flags, and the checks of the flags that need no model (by the
-API's own rules, :mod:`csd_kernels.decoding.config`). Torch-free: ``csd --help``, ``csd --version`` and a refused flag
+API's own rules, :mod:`csd_kernels.config.generation`). Torch-free: ``csd --help``, ``csd --version`` and a refused flag
 answer without importing torch; the commands themselves are in commands.py.
 
 The generation flags are GenerationConfig's fields (those with ``flag="every"``): each is ``--name-with-dashes``,
@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 
 from .. import __version__
+from ..config.generation import DEFAULT_COUPLING, MODES, RULES, GenerationConfig, check, check_generate
 from ..constants import BACKENDS, COUPLINGS
-from ..decoding.config import DEFAULT_COUPLING, MODES, RULES, GenerationConfig, check, check_generate
 from ..models import registry
 
 __all__ = ["build_parser", "check_flags", "GENERATION_FLAGS", "add_model_options", "add_generation_options"]
@@ -26,7 +26,7 @@ _UNSET_ALLOWED = ("per_class", "images")  # csd sweep: the model says which appl
 
 
 def _help(name: str, text: str, default) -> str:
-    """Help of a checked flag: what it is, the accepted values (decoding.config.RULES) and the default."""
+    """Help of a checked flag: what it is, the accepted values (config.generation.RULES) and the default."""
     return f"{text}; {RULES[name].expected.removeprefix('None or ')} (default: {default})".replace("%", "%%")
 
 

@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from .. import reference as ref
+from ..config.generation import DEFAULT_COUPLING, DRAFT_INITS, MODES, GenerationConfig, check_generate
 from ..constants import COUPLINGS
 from ..models import get_adapter
 from ..models.protocol import is_static_adapter, is_tree_adapter
 from ..ops.verify_tree import device_layout
-from .config import DEFAULT_COUPLING, DRAFT_INITS, MODES, GenerationConfig, check_generate
 from .eager import run_eager
 from .state import EagerState, StaticState
 from .static import StaticLoop

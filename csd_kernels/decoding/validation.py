@@ -16,9 +16,9 @@ from typing import Optional
 import torch
 
 from .. import reference as ref
+from ..config.generation import DRAFT_INITS, MAX_IMAGES, MAX_SEED, MODES, RULES, check, check_generate, check_settings
+from ..config.rules import ArgumentError, Rule, Text
 from ..ops.registry import backend_status
-from .config import DRAFT_INITS, MAX_IMAGES, MAX_SEED, MODES, RULES, check, check_generate, check_settings
-from .rules import ArgumentError, Rule, Text
 
 __all__ = ["ArgumentError", "Rule", "RULES", "MODES", "DRAFT_INITS", "MAX_IMAGES", "MAX_SEED", "TREE_MODES", "check",
            "check_settings", "check_generate", "check_tree", "row_seeds", "check_prompt", "check_prompt_ids",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 if TYPE_CHECKING:
     import torch
 
-    from ..decoding.config import GenerationConfig
+    from ..config.generation import GenerationConfig
 
 __all__ = ["FAMILIES", "Family", "Measure", "ZooModel", "command_models", "family_of", "get_adapter", "resolve"]
 
@@ -106,7 +106,7 @@ def get_adapter(model):
 
 
 def _default_config() -> "GenerationConfig":
-    from ..decoding.config import GenerationConfig  # on use: this module is read by path, without the package
+    from ..config.generation import GenerationConfig  # on use: this module is read by path, without the package
 
     return GenerationConfig()
 

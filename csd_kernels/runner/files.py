@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..decoding.config import GenerationConfig
+from ..config.generation import GenerationConfig
 from .usage import UsageError
 
 __all__ = ["MANIFEST", "LOCK", "SUMMARY", "TABLE", "LOG_DIR", "FORMAT", "SETTINGS", "atomic_write", "json_bytes",

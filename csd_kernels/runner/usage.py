@@ -9,7 +9,7 @@ import os
 import re
 from typing import Optional
 
-from ..decoding.rules import ArgumentError
+from ..config.rules import ArgumentError
 
 __all__ = ["UsageError", "flag_error", "as_flags", "writable_dir", "check_out", "GENERATE_FILES", "claim_generate_dir",
            "clear_generate_files"]

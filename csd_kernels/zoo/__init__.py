@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..decoding.config import GenerationConfig
+from ..config.generation import GenerationConfig
 from ..models.loading import class_ids
 from ..models.registry import Measure, ZooModel, command_models
 

@@ -26,7 +26,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from ...decoding.config import GenerationConfig
+from ...config.generation import GenerationConfig
 from ..protocol import to_uint8_images
 from ..row_end import RowEndLayout
 

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from ...decoding.config import GenerationConfig
+from ...config.generation import GenerationConfig
 from ..base import CachedImageLM
 from ..protocol import to_uint8_images
 

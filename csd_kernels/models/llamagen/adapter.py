@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ...decoding.config import GenerationConfig
+from ...config.generation import GenerationConfig
 from ..cache import chain_visibility, move_rows, tree_visibility
 from .gpt import KVCache, RowKVCache, Transformer
 from .vq import VQDecoder, to_uint8_like_save_image

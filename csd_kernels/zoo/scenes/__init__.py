@@ -23,7 +23,7 @@ def zoo_model(device=None, weights=None):
     it has one, else the shipped tokenizer). ValueError, one line, when the model's files are missing."""
     from pathlib import Path
 
-    from ...decoding.config import GenerationConfig
+    from ...config.generation import GenerationConfig
     from ...models import ImageGPT
     from .. import Measure, ZooModel
     from .model import NULL_TOKEN_ID, NUM_CODES, TOKENIZER_FILE, WEIGHTS_DIR, load_lm, load_tokenizer
