@@ -47,36 +47,29 @@ __device__ double block_sum(double v, BlockShared<W>& sh) {
   return s;
 }
 
+// Reduction over the block by ``pick`` (a, b) -> the one kept, in the same order in every thread: within each warp,
+// then over the W warp results in ``slots`` (shared memory).
+template <int W, typename T, class Pick>
+__device__ T block_reduce(T v, T* slots, Pick pick) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = pick(v, __shfl_xor_sync(kFull, v, o));
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = v;
+  __syncthreads();
+  T r = slots[0];
+#pragma unroll
+  for (int w = 1; w < W; ++w) r = pick(r, slots[w]);
+  return r;
+}
+
 template <int W>
 __device__ float block_max(float v, BlockShared<W>& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float other = __shfl_xor_sync(kFull, v, o);
-    v = other > v ? other : v;
-  }
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.f[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float m = sh.f[0];
-#pragma unroll
-  for (int w = 1; w < W; ++w) m = sh.f[w] > m ? sh.f[w] : m;
-  return m;
+  return block_reduce<W>(v, sh.f, [](float a, float b) { return b > a ? b : a; });
 }
 
 template <int W>
 __device__ int64_t block_min_i64(int64_t v, BlockShared<W>& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const int64_t other = __shfl_xor_sync(kFull, v, o);
-    v = other < v ? other : v;
-  }
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.i64[threadIdx.x >> 5] = v;
-  __syncthreads();
-  int64_t m = sh.i64[0];
-#pragma unroll
-  for (int w = 1; w < W; ++w) m = sh.i64[w] < m ? sh.i64[w] : m;
-  return m;
+  return block_reduce<W>(v, sh.i64, [](int64_t a, int64_t b) { return b < a ? b : a; });
 }
 
 template <int W>
