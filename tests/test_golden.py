@@ -12,6 +12,11 @@ Only public entry points are used (``csd_kernels.generate``, ``csd_kernels.zoo.l
 Every case pins backend="cpu" (the C++ extension; "torch" in a few cases): the default backend can be changed by
 CSD_KERNELS_BACKEND, and backends agree on ≥ 99.9% of rows, not on every token. Float maps (entropy, accept, TVD,
 distortion) are not recorded: a reordered sum may change their last bits without changing a decision.
+
+The cases run in an interpreter started with :data:`PINNED_NUMERICS` (the test, --check and --record alike): ATen's
+AVX2 / AVX-512 kernels and MKL's / oneDNN's per-CPU code sum floats in different orders, so that on another CPU a
+near tie flips a token (an AVX2-only CPU differed from an AVX-512 one in 1 of 143 cases). The recording was made so at
+58171dc, the commit before the reorganisation, and the reorganised package reproduces it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import argparse
 import functools
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -33,6 +39,9 @@ GOLDEN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures
 SJD_CSD = ("sjd", "csd")
 COUPLINGS = ("independent", "maximal", "gumbel")
 FIELDS = ("status", "forward_passes", "prefill_passes", "tokens", "sequences", "accepted")
+# the same arithmetic on every x86 CPU: ATen's portable kernels, MKL's conditional reproducibility, oneDNN's baseline
+PINNED_NUMERICS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                   "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -286,9 +295,6 @@ def differences(expected: dict, got: dict) -> list[str]:
 # ----------------------------------------------------------------------------------------------------------------------
 # the tests
 # ----------------------------------------------------------------------------------------------------------------------
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 @pytest.fixture(scope="module")
 def recording():
     return load()
@@ -300,27 +306,53 @@ def _cpu_backend():
         pytest.skip("the golden recording pins backend='cpu' (the C++ extension is not built)")
 
 
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """Every case run now, in an interpreter with PINNED_NUMERICS (they act when torch loads: not in this one)."""
+    path = tmp_path_factory.mktemp("golden") / "now.json"
+    result = subprocess.run([sys.executable, os.path.abspath(__file__), "--record", "--out", str(path)],
+                            env=dict(os.environ, **PINNED_NUMERICS), capture_output=True, text=True, timeout=3000)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return load(str(path))
+
+
 def test_recording_holds_every_case(recording):
     """The grid and the file list the same cases: a case cannot be dropped from either silently."""
     assert sorted(recording) == sorted(case_id(c) for c in CASES), "re-record: python tests/test_golden.py --record"
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_generate_matches_recording(recording, case):
+def test_generate_matches_recording(recording, outcomes, case):
     name = case_id(case)
     assert name in recording, f"{name}: not in {GOLDEN_PATH}"
-    diff = differences(recording[name], run_case(case))
+    diff = differences(recording[name], outcomes[name])
     assert not diff, f"{name}: generate() no longer reproduces the recording:\n  " + "\n  ".join(diff)
 
 
+def test_the_numerics_are_pinned_where_the_cases_run(tmp_path):
+    """The recorder re-executes itself with PINNED_NUMERICS when started without them (as by hand)."""
+    script = (f"import os, runpy, sys\nsys.argv = [{os.path.abspath(__file__)!r}, '--show-env']\n"
+              f"runpy.run_path(sys.argv[0], run_name='__main__')")
+    env = {k: v for k, v in os.environ.items() if k not in PINNED_NUMERICS}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == PINNED_NUMERICS
+
+
 def main() -> int:
+    if any(os.environ.get(k) != v for k, v in PINNED_NUMERICS.items()):  # they must be set before torch loads
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]],
+                  dict(os.environ, **PINNED_NUMERICS))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", action="store_true", help=f"rewrite {GOLDEN_PATH}")
     parser.add_argument("--check", action="store_true", help="compare with the recording (the test, without pytest)")
     parser.add_argument("--out", default=GOLDEN_PATH, help="where --record writes (default: the fixture)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (the test runs with 1)")
+    parser.add_argument("--show-env", action="store_true", help="print the pinned variables as JSON and stop")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.show_env:
+        print(json.dumps({k: os.environ.get(k) for k in PINNED_NUMERICS}))
+        return 0
+    torch.set_num_threads(1)
     start = time.perf_counter()
     entries = record_all(verbose=True)
     print(f"{len(entries)} cases in {time.perf_counter() - start:.1f} s")
