@@ -20,7 +20,8 @@ from csd_kernels import cli, zoo
 from csd_kernels.bench import op as bench
 from csd_kernels.cli import commands
 from csd_kernels.cli import parser as cli_parser
-from csd_kernels.decoding import rules, validation
+from csd_kernels.config import rules
+from csd_kernels.decoding import validation
 from csd_kernels.decoding.validation import ArgumentError
 
 # flags that can only be judged with the model (its prompts, its files); every other flag is checked before loading
