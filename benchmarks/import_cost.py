@@ -26,7 +26,7 @@ STATEMENTS = {
 def cpu_seconds(statement: str) -> float:
     """User + system CPU seconds of a fresh ``python -c statement``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-c", statement], check=True)
+    subprocess.run([sys.executable, "-c", statement], check=True, stdout=subprocess.DEVNULL)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
