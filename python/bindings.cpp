@@ -15,6 +15,8 @@
 
 #include <map>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "../csrc/cpu/tree_candidates.h"
 #include "../csrc/include/philox.h"
@@ -133,11 +135,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "rule_table",
       [] {
-        std::vector<std::pair<std::string, int>> rules;
-        for (int r = 0; r < csd::kRuleCount; ++r) rules.emplace_back(csd::kRuleInfo[r].name, csd::kRuleInfo[r].params);
+        std::vector<std::tuple<int, std::string, int>> rules;
+        for (const csd::RuleInfo& r : csd::kRuleInfo) rules.emplace_back(int(r.code), r.name, r.params);
         return rules;
       },
-      "The acceptance rules of the kernels by code: (name, parameter count) (the tests hold them to "
+      "The acceptance rules of the kernels: (code, name, parameter count) from csd::Rule (the tests hold them to "
       "config/acceptance.py)");
   m.def("philox4x32", &philox4x32, "Philox4x32-10 of uint32 values in int64 tensors -> 4 int64 tensors",
         pybind11::arg("c0"), pybind11::arg("c1"), pybind11::arg("c2"), pybind11::arg("c3"), pybind11::arg("k0"),

@@ -77,3 +77,60 @@ def _panel(ax, result: dict, key: str, colours: dict, markers: dict) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("forward passes per image (log scale)")
     ax.grid(alpha=0.3, which="both")
+
+
+RULE_COLOURS = {"csd": "tab:blue", "gsd": "tab:orange", "arsample": "tab:green", "lantern": "tab:brown",
+                "lantern++": "tab:pink"}
+
+
+def plot_rules(result: dict, path: str) -> None:
+    """A curve per relaxed rule, one panel per quality measure: every chain setting of the rule as a faint marker, its
+    Pareto front (fewer passes, better on every measure; ``result["rule_fronts"]``) joined by a line, error bars the
+    std over seeds; ar and the lossless sjd settings as reference points, ar's band in grey."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..config.modes import MODE_TABLE
+    from .frontier import Setting, measures_of, rule_fronts
+
+    measures = result["measures"]
+    grid = {label: Setting(**{**s, "tree": tuple(s["tree"]) if s.get("tree") else None,
+                              "params": tuple(map(tuple, s.get("params") or ()))})
+            for label, s in result["settings"].items()}
+    fronts = result.get("rule_fronts") or rule_fronts(result["results"], grid, measures_of(result))
+    fig, axes = plt.subplots(1, len(measures), figsize=(7 * len(measures), 5), squeeze=False)
+    for ax, m in zip(axes[0], measures):
+        key, rows = m["name"], result["results"]
+        ar = rows["ar"][key]
+        ax.axhspan(ar["mean"] - ar["std"], ar["mean"] + ar["std"], color="0.88", zorder=0, label="ar mean ± std")
+        for label, s in grid.items():
+            rule = MODE_TABLE[s.mode].rule
+            if s.tree is None and rule not in (None, "strict") and label not in fronts.get(rule, ()):
+                r = rows[label]
+                ax.plot(r["passes"]["mean"], r[key]["mean"], "o", color=RULE_COLOURS.get(rule, "0.5"), alpha=0.25,
+                        ms=4)
+        for rule, labels in fronts.items():
+            xs = [rows[label]["passes"]["mean"] for label in labels]
+            ys = [rows[label][key]["mean"] for label in labels]
+            es = [rows[label][key]["std"] for label in labels]
+            ax.errorbar(xs, ys, yerr=es, fmt="-o", color=RULE_COLOURS.get(rule, "0.5"), ms=5, lw=1.2, capsize=2,
+                        label=f"{rule} ({len(labels)} on its front)")
+        for label in ("ar", "sjd", "sjd+maximal"):
+            if label in rows:
+                colour, marker = FIXED_STYLE.get(label, ("0.3", "s"))
+                ax.errorbar(rows[label]["passes"]["mean"], rows[label][key]["mean"], yerr=rows[label][key]["std"],
+                            fmt=marker, color=colour, ms=8, label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("forward passes per image (log scale)")
+        ax.set_ylabel(f"{m['axis']} ({'higher' if m['higher_is_better'] else 'lower'} is better)")
+        if m["log_scale"]:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"{result['model']}: each acceptance rule's frontier (mean ± std over {len(result['seeds'])} seeds, "
+                 f"{result['images']} images each)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

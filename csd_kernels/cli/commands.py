@@ -45,6 +45,8 @@ COMPARE_RUNS = [
     ("csd", "csd", "independent"),
     ("csd+maximal", "csd", "maximal"),
     ("csd+gumbel", "csd", "gumbel"),
+    # one more row per other relaxed rule (config/modes.py), its mode with the default coupling
+    *((f"{mode}+maximal", mode, "maximal") for mode in ("arsample", "lantern", "lantern++")),
 ]
 _MODEL_OPTIONS = ("weights", "config", "vq", "image_size", "size", "dtype")  # zoo.load keywords, one flag each
 
@@ -284,6 +286,18 @@ def format_compare(results: dict, measures=()) -> str:
     return "\n".join(lines)
 
 
+def _runnable(runs, model) -> list:
+    """``runs`` without the modes whose rule needs a codebook the model lacks (lantern, lantern++)."""
+    from ..config.acceptance import rule_named
+    from ..config.modes import MODE_TABLE
+    from ..models import get_adapter
+
+    codebook = getattr(get_adapter(model), "codebook", None)
+    has_codebook = callable(codebook) and codebook() is not None
+    return [run for run in runs if has_codebook or MODE_TABLE[run[1]].rule is None
+            or not rule_named(MODE_TABLE[run[1]].rule).needs_neighbours]
+
+
 def cmd_compare(args) -> dict:
     _check_flags(args)
     check_out(args.out)
@@ -292,8 +306,9 @@ def cmd_compare(args) -> dict:
     if args.num < 2 and entry.quality is not None:
         raise UsageError("--num: compare needs at least 2 images per run (the Fréchet distance is of a set)")
     seeds = list(range(args.seeds))
-    report = run_compare(entry, [args.prompt] * args.num, seeds, generate_kwargs=_generate_kwargs(args, entry),
-                         progress=not args.quiet)
+    runs = _runnable(COMPARE_RUNS, entry.model)
+    report = run_compare(entry, [args.prompt] * args.num, seeds, runs=runs,
+                         generate_kwargs=_generate_kwargs(args, entry), progress=not args.quiet)
     table = format_compare(report["results"], entry.measures)
     print(table)
     samples = report.pop("samples")
@@ -370,6 +385,24 @@ def _gsd_grid(args) -> tuple:
     return tuple((k, delta) for k in ranks for delta in deltas)
 
 
+def _rule_grids(args) -> dict:
+    """--grid PARAM=V1,V2 (repeatable): {rule: points} of frontier.rule_grids, each value checked by its parameter's
+    rule (config/acceptance.py)."""
+    from ..bench import frontier
+    from ..config.acceptance import PARAMS
+
+    values = {}
+    for item in args.grid or ():
+        name, _, text = item.partition("=")
+        if name not in PARAMS or name in ("entropy_coef", "tvd_threshold", "group_rank", "group_delta") or not text:
+            raise UsageError(f"--grid {item!r}: expected PARAM=V1,V2,... with PARAM one of arsample_scale, "
+                             "arsample_offset, lantern_delta, lantern_lambda, lantern_k (csd: --lambdas/--taus, gsd: "
+                             "--gsd-ranks/--gsd-deltas)")
+        kind = int if PARAMS[name].check.kind == "int" else float
+        values[name] = _floats(text, "--grid", name, kind)
+    return frontier.rule_grids(values)
+
+
 def _sweep_prompts(args) -> list[str]:
     """The prompts of --model: --per-class (digits) or --images (scenes), each refused where it does not apply."""
     if args.model not in zoo.MODEL_NAMES:
@@ -390,7 +423,7 @@ def _sweep_prompts(args) -> list[str]:
 
 def cmd_sweep(args) -> dict:
     """The speed-quality frontier (csd_kernels.bench.frontier): every mode, csd over --lambdas x --taus x --couplings,
-    gsd over --gsd-ranks x --gsd-deltas, sjd+maximal with each of --trees."""
+    gsd over --gsd-ranks x --gsd-deltas, the other rules over their --grid, sjd+maximal with each of --trees."""
     from ..bench import frontier
 
     prompts = _sweep_prompts(args)
@@ -402,7 +435,7 @@ def cmd_sweep(args) -> dict:
     check("workers", args.workers)
     grid = frontier.settings(_floats(args.lambdas, "--lambdas", "entropy_coef"),
                              _floats(args.taus, "--taus", "tvd_threshold"), couplings, _trees(args.trees),
-                             gsd=_gsd_grid(args))
+                             gsd=_gsd_grid(args), rules=_rule_grids(args))
     check_out(os.path.dirname(args.out) or ".")
     _load(args)  # a missing or foreign checkpoint is one line, before any work
     result = frontier.sweep(args.model, seeds=tuple(range(args.seeds)), workers=args.workers, grid=grid,

@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "runs there and refuses a folder with other files (default: out)")
     gen.set_defaults(handler="cmd_generate")
 
-    cmp = commands.add_parser("compare", help="ar, sjd, gsd and csd on the same prompts and seeds: speed and quality")
+    cmp = commands.add_parser("compare", help="ar, sjd and each relaxed rule's mode on the same prompts and seeds: "
+                                                 "speed and quality")
     _add_sampling(cmp, num=64)
     cmp.add_argument("--seeds", type=int, default=3, help=_help("seeds", "repeats with different seeds, for the "
                                                                          "spread", 3))
@@ -143,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--gsd-deltas", dest="gsd_deltas",
                        help="gsd group_delta values, each >= 0 (default: none; with --gsd-ranks alone: "
                             f"{GenerationConfig().group_delta})")
+    sweep.add_argument("--grid", action="append", metavar="PARAM=V1,V2,...",
+                       help="another rule over values of its parameter (repeatable), e.g. lantern_delta=0.05,0.1,0.2, "
+                            "lantern_lambda=2,5,10, arsample_scale=4.5,9,18, arsample_offset=0.05,0.2: each rule "
+                            "with a swept parameter over their product (default: none)")
     sweep.add_argument("--seeds", type=int, default=3, help=_help("seeds", "seeds 0..N-1", 3))
     sweep.add_argument("--lambdas", default="0,0.05,0.1,0.25,0.5,1",
                        help="csd entropy_coef values, each >= 0 (default: 0,0.05,0.1,0.25,0.5,1)")

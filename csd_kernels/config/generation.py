@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 from ..constants import BACKENDS, COUPLINGS
-from .acceptance import PARAMS, RULES as ACCEPTANCE_RULES
+from .acceptance import PARAMS
+from .acceptance import RULES as ACCEPTANCE_RULES
 from .modes import COUPLED_MODES, MODE_TABLE, MODES
 from .rules import ArgumentError, Rule, bool_rule, choice_rule, int_rule, real_rule
 

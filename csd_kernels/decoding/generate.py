@@ -1,9 +1,10 @@
 """Speculative Jacobi decoding of AR image generators: ``generate(model, input_ids, mode=...)``, the entry point.
 
 Each iteration drafts a window of W grid tokens per row, runs the model once on the last committed token and the
-drafts, verifies the window (by mode: ar, jd, or one speculative mode per acceptance rule, config/modes.py), commits the accepted prefix plus the resampled token and
-keeps the rest as the next drafts (their q = this iteration's p). Rows keep their own windows and random streams
-(keyed by seed, grid position and the row's own attempt count), so a batched row equals the row alone. The iteration
+drafts, verifies the window (by mode: ar, jd, or one speculative mode per acceptance rule, config/modes.py), commits
+the accepted prefix plus the resampled token and keeps the rest as the next drafts (their q = this iteration's p).
+Rows keep their own windows and random streams (keyed by seed, grid position and the row's own attempt count), so a
+batched row equals the row alone. The iteration
 is written once (step.py); generate() checks the arguments, prefills and runs one of three schedules over it: the
 eager loop (eager.py: one host sync per iteration, rows more than ``max_lead`` tokens ahead of the slowest sit an
 iteration out), the static loop (static.py, ``static=True``: fixed shapes, no host sync inside, docs/fast-path.md)

@@ -29,7 +29,7 @@ from .checks import (
 )
 from .registry import select_backend
 
-__all__ = ["VerifyResult", "verify"]
+__all__ = ["VerifyResult", "VerifyArgs", "verify"]
 
 VerifyResult = ref.VerifyResult
 

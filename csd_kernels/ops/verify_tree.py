@@ -16,7 +16,7 @@ import torch
 from .. import reference as ref
 from ..backends.compiled import has_tree, verify_tree_rows
 from ..backends.spec import TREE_ARGS, TREE_RETURNS, Arg, TreeArgs, schema
-from ..config.acceptance import params_by_name, rule_named
+from ..config.acceptance import params_by_name
 from .checks import (
     SeedLike,
     check_device,

@@ -117,11 +117,11 @@ def rrs_step(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, support: Optiona
              residual: Optional[torch.Tensor] = None):
     """One candidate of recursive rejection sampling: (a(x), the next p and q if x is rejected).
 
-    a(x) = min(1, p(x)/q(x)), or ``accept`` when given (a relaxed rule's a of the main draft). Next p = norm(``residual``)
-    (default max(p − q, 0), the rule's resampling weights when given; p where they sum to zero); next q = ``rest``
-    (default q: the law the next candidates are drawn from) without x, renormalised (zero when nothing is left). A
-    missing candidate (x = -1) changes nothing and is never accepted. Shape: p, q, rest, residual [..., V], x,
-    accept [...]."""
+    a(x) = min(1, p(x)/q(x)), or ``accept`` when given (a relaxed rule's a of the main draft). Next p =
+    norm(``residual``) (default max(p − q, 0), the rule's resampling weights when given; p where they sum to zero);
+    next q = ``rest`` (default q: the law the next candidates are drawn from) without x, renormalised (zero when
+    nothing is left). A missing candidate (x = -1) changes nothing and is never accepted. Shape: p, q, rest,
+    residual [..., V], x, accept [...]."""
     present = x >= 0
     index = x.clamp(min=0)[..., None]
     if accept is None:

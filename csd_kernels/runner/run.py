@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .. import zoo
+from ..config.modes import COUPLED_MODES
 from ..decoding import MODES, GenerationConfig, generate
 from ..decoding.validation import TREE_MODES, check, check_backend, check_generate, check_tree
 from .files import (
@@ -357,7 +358,7 @@ def _generate_batch(ctx: Dist, spec: RunSpec, entry, prompts: list, settings: di
     tree = dict(tree=spec.tree, static=True) if spec.tree is not None and mode in TREE_MODES else {}
     t0 = time.perf_counter()
     result = generate(entry.model, **entry.prompt_inputs([prompts[index] for _, index, _ in batch]), mode=mode,
-                      seed=[s for _, _, s in batch], coupling=spec.coupling if mode in ("sjd", "csd") else None,
+                      seed=[s for _, _, s in batch], coupling=spec.coupling if mode in COUPLED_MODES else None,
                       progress=False, **settings, **tree)
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
@@ -371,7 +372,7 @@ def _generate_batch(ctx: Dist, spec: RunSpec, entry, prompts: list, settings: di
     for row, (_, index, s) in enumerate(batch):
         record = {
             "format": FORMAT, "mode": mode, "index": index, "prompt": prompts[index], "seed": s,
-            "coupling": (spec.coupling or "default") if mode in ("sjd", "csd") else None,
+            "coupling": (spec.coupling or "default") if mode in COUPLED_MODES else None,
             "tree": list(spec.tree) if tree else None,
             "forward_passes": int(per_row[row]), "accepted": [int(a[row]) for a in result.accepted if a[row] > 0],
             "mean_distortion": float(distortion[row]),

@@ -24,13 +24,19 @@ enum Rule : int {
 };
 constexpr int kMaxRuleParams = 4;
 
-// The table as the extension reports it (name, parameter count), for the test against config/acceptance.py.
+// The enum as the extension reports it (code, name, parameter count), for the test against config/acceptance.py.
 struct RuleInfo {
+  Rule code;
   const char* name;
   int params;
 };
-constexpr RuleInfo kRuleInfo[kRuleCount] = {{"strict", 0},   {"csd", 2},     {"gsd", 2},
-                                            {"arsample", 2}, {"lantern", 2}, {"lantern++", 2}};
+constexpr RuleInfo kRuleInfo[kRuleCount] = {{kRuleStrict, "strict", 0},     {kRuleCsd, "csd", 2},
+                                            {kRuleGsd, "gsd", 2},           {kRuleArsample, "arsample", 2},
+                                            {kRuleLantern, "lantern", 2},   {kRuleLanternPlus, "lantern++", 2}};
+constexpr bool rule_info_in_code_order(int i = 0) {
+  return i == kRuleCount || (kRuleInfo[i].code == i && rule_info_in_code_order(i + 1));
+}
+static_assert(rule_info_in_code_order(), "kRuleInfo must list the rules by code");
 
 CSD_HD bool rule_lossless(int rule) { return rule == kRuleStrict; }
 // gsd resamples from max(p - q*a, 0) over its a(y) for every y; every other rule's a(y) >= min(1, p/q), so its
@@ -94,13 +100,14 @@ CSD_HD float rule_residual(int rule, float p, float q, float qa) {
 
 // The per-token distortion term max(q*a(y) - p(y), 0) of the rules whose a(y) needs only p(y), q(y) and the row
 // (csd, arsample), division free where it can be; 0 for the others (gsd and lantern sum theirs separately) and
-// outside the support (the caller passes in_support). For p < q: csd's is min(q - p, lambda*H*q) with the gate open;
-// arsample's min(q - p, p/s - p) (q - p where s = 0).
+// outside the support (the caller passes in_support). For p < q: csd's is min(q - p, lambda*H*q) with its gate open
+// (the caller gates the sum: the TVD may not be known yet); arsample's min(q - p, p/s - p) (q - p where s = 0).
+CSD_HD bool rule_has_token_terms(int rule) { return rule == kRuleCsd || rule == kRuleArsample; }
 CSD_HD float rule_distortion_term(const RuleRow& r, float p, float q, bool in_support) {
   if (!in_support || !(p < q)) return 0.0f;
   const float gap = f_sub(q, p);
   float t = 0.0f;
-  if (r.rule == kRuleCsd && r.gate) {
+  if (r.rule == kRuleCsd) {
     const float cap = f_mul(q, r.lambda_h);
     t = gap < cap ? gap : cap;
   } else if (r.rule == kRuleArsample) {

@@ -218,7 +218,7 @@ CSD_HD void tree_row(const TreeProblem& P, int64_t b, X& ex) {
           const float t = f_sub(qa(v), pj[v]);
           return t > 0.0f ? t : 0.0f;
         }));
-      } else {
+      } else if (prm.rule != kRuleCsd || rr.gate) {
         distortion = static_cast<float>(ex.sum(V, [&](int64_t v) {
           return rule_distortion_term(rr, pj[v], q[v], n.in_support(z, v));
         }));
