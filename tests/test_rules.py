@@ -33,7 +33,7 @@ from csd_kernels.config.rules import ArgumentError
 BACKENDS = [name for name in ck.available_backends("cpu") if name != "triton"]  # the interpreter: test_triton_kernel
 RELAXED = [r.name for r in RULES if not r.lossless]
 # parameters under which each rule's relaxation acts on the small laws below
-PARAMS_OF = {"strict": {}, "csd": dict(entropy_coef=0.05, tvd_threshold=0.65),
+PARAMS_OF = {"strict": {}, "csd": dict(entropy_coef=0.05, tvd_threshold=1.0),
              "gsd": dict(group_rank=2, group_delta=0.15),
              "arsample": {}, "lantern": dict(lantern_delta=0.1), "lantern++": dict(lantern_lambda=2.0)}
 
@@ -237,7 +237,7 @@ def test_the_sampler_emits_the_rule_s_law_exactly(rule):
         distortions.append(float(res.distortion[0, 0]))
     out, distortion = naive_law(rule, p.tolist(), q.tolist(), params, nb.tolist())
     assert law.tolist() == pytest.approx(out, abs=2 * vocab / m)
-    assert distortions == pytest.approx([distortion] * vocab, abs=1e-9)
+    assert distortions == pytest.approx([distortion] * vocab, rel=2 ** -23)  # the op returns float32
     if rule == "strict":
         assert distortion < 1e-12
     else:
@@ -259,7 +259,9 @@ def test_lantern_distortion_is_nan_unless_gathered_and_zero_without_a_draft():
 # the law the compiled backends emit (χ²)
 # ----------------------------------------------------------------------------------------------------------------------
 N, V7 = 40000, 7
-P7 = torch.tensor([0.30, 0.20, 0.15, 0.15, 0.10, 0.06, 0.04], dtype=torch.float64)
+# no group edge, lantern bound or prefix sum lies within float32 rounding of another (gsd δ = 0.15, lantern δ = 0.1,
+# lantern++ bound p(x)): the op computes in float32, naive_law in float64
+P7 = torch.tensor([0.301, 0.203, 0.147, 0.152, 0.103, 0.057, 0.037], dtype=torch.float64)
 Q7 = torch.tensor([0.10, 0.25, 0.20, 0.05, 0.15, 0.15, 0.10], dtype=torch.float64)
 
 
@@ -312,7 +314,8 @@ def test_many_random_rows_tolerate_rare_ties(backend):
     for trial, rule in enumerate(RELAXED * 2):
         case = testing.make_case(64, 8, 257, q=("dense", "uniform", None)[trial % 3], cfg=bool(trial % 2),
                                  seed=2000 + trial, seed_rows=bool(trial % 3 == 0))
-        options = dict(cfg_scale=1.3, rule=rule, temperature=0.5 + 0.1 * trial, coupling="gumbel")
+        options = dict(cfg_scale=1.3 if trial % 2 else 1.0, rule=rule, temperature=0.5 + 0.1 * trial,
+                       coupling="gumbel")
         got = ck.verify(**case, neighbours=nb, backend=backend, validate=False, **options)
         mismatches += testing.compare(got, testing.reference_result(case, neighbours=nb, **options), exact=False)
         rows += 64

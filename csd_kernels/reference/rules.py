@@ -53,13 +53,16 @@ class Acceptance:
                  h: Optional[torch.Tensor] = None, tvd: Optional[torch.Tensor] = None,
                  neighbours: Optional[torch.Tensor] = None, **params):
         self.rule: AcceptanceRule = rule_named(rule)
+        if self.rule.needs_neighbours:
+            if neighbours is None:
+                raise ValueError(f"rule {rule!r} needs neighbours (the codebook's neighbour table [V, k])")
+            if params.get("lantern_k") is None:  # the rule's k, capped at the table's width (as the op)
+                params = dict(params, lantern_k=min(self.rule.param("lantern_k").default, neighbours.shape[1]))
         self.params = rule_parameters(rule, params)
         self.p, self.q = p, q
         self.support = p > 0 if support is None else support
         self._h, self._tvd = h, tvd
-        if self.rule.needs_neighbours and neighbours is None:
-            raise ValueError(f"rule {rule!r} needs neighbours (the codebook's neighbour table [V, k])")
-        self.neighbours = neighbours
+        self.neighbours = neighbours[:, :self.params["lantern_k"]] if self.rule.needs_neighbours else None
         self._groups = None
 
     @property
