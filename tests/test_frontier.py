@@ -61,6 +61,22 @@ def test_a_smaller_grid_keeps_the_chosen_sjd_couplings():
     assert grid[1].generate_kwargs() == dict(mode="sjd", coupling="maximal")
 
 
+def test_rule_grids_sweep_each_rule_over_its_own_parameters():
+    """--grid: each relaxed rule other than csd and gsd over the product of its swept parameters, the rest at its
+    defaults, in its own mode with the default coupling; labels from the table."""
+    grids = frontier.rule_grids({"lantern_delta": (0.05, 0.2), "lantern_k": (4, 8), "arsample_scale": (4.5,)})
+    assert grids == {"arsample": [{"arsample_scale": 4.5}],
+                     "lantern": [{"lantern_delta": 0.05, "lantern_k": 4}, {"lantern_delta": 0.05, "lantern_k": 8},
+                                 {"lantern_delta": 0.2, "lantern_k": 4}, {"lantern_delta": 0.2, "lantern_k": 8}]}
+    grid = frontier.settings((0.5,), (0.65,), ("maximal",), trees=(), sjd_couplings=("maximal",),
+                             rules=frontier.rule_grids({"lantern_lambda": (2.0,), "arsample_offset": (0.2,)}))
+    assert [s.label for s in grid[4:]] == ["arsample+maximal c=9 s0=0.2", "lantern+++maximal λ=2 k=10"]
+    assert grid[-1].generate_kwargs() == dict(mode="lantern++", coupling="maximal", lantern_lambda=2.0)
+    assert grid[-1].rule == "lantern++" and not grid[-1].lossless
+    with pytest.raises(ValueError, match="entropy_coeff: not a rule parameter"):
+        frontier.rule_grids({"entropy_coeff": (0.1,)})
+
+
 def test_pareto_and_answers():
     rows = {"ar": _row(256, 0.90, 10.0, std=0.02),  # band: accuracy >= 0.88, Fréchet <= 10.02
             "a": _row(80, 0.89, 10.0),  # 3.2x, inside the band
@@ -113,6 +129,9 @@ def test_small_sweep(tmp_path):
     (["--trees", "3x2,3"], "--trees: expected comma-separated KxD"),
     (["--trees", "0x2"], "--trees (0, 2): expected K >= 1 and D >= 1"),
     (["--trees", "4x3"], "--trees (4, 3): expected a tree whose (K^D - 1)/(K - 1) = 21 draft nodes fit"),
+    (["--grid", "entropy_coef=0.1"], "--grid 'entropy_coef=0.1': expected PARAM=V1,V2,... with PARAM one of "
+     "arsample_scale, arsample_offset, lantern_delta, lantern_k, lantern_lambda (csd: --lambdas/--taus"),
+    (["--grid", "lantern_delta=0.1,2"], "--grid lantern_delta 2.0: expected a finite number in [0, 1]"),
 ])
 def test_sweep_bad_input(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(frontier, "sweep", lambda *args, **kwargs: pytest.fail("the sweep ran before the check"))

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..config.acceptance import PARAMS, rule_named
+from ..config.acceptance import GRID_RULES, PARAMS, rule_named
 from ..config.generation import DEFAULT_COUPLING
 from ..config.modes import MODE_TABLE
 from ..constants import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
@@ -110,7 +110,7 @@ def rule_grids(values: dict) -> dict:
     for name in values:
         if name not in PARAMS:
             raise ValueError(f"{name}: not a rule parameter (one of {', '.join(PARAMS)})")
-    for rule in ("arsample", "lantern", "lantern++"):
+    for rule in GRID_RULES:
         mine = {name: v for name, v in values.items() if name in rule_named(rule).param_names()}
         if mine and set(mine) != {"lantern_k"}:
             grids[rule] = grid_points(mine)

@@ -22,6 +22,7 @@ import torch
 
 from .. import __version__, zoo
 from ..bench.frontier import summarise
+from ..config.acceptance import GRID_RULES
 from ..decoding import DEFAULT_COUPLING, GenerationConfig, generate
 from ..decoding.validation import check, check_backend, check_device, check_generate, check_tree, row_seeds
 from ..ops.registry import select_backend
@@ -46,7 +47,7 @@ COMPARE_RUNS = [
     ("csd+maximal", "csd", "maximal"),
     ("csd+gumbel", "csd", "gumbel"),
     # one more row per other relaxed rule (config/modes.py), its mode with the default coupling
-    *((f"{mode}+maximal", mode, "maximal") for mode in ("arsample", "lantern", "lantern++")),
+    *((f"{mode}+maximal", mode, "maximal") for mode in GRID_RULES),
 ]
 _MODEL_OPTIONS = ("weights", "config", "vq", "image_size", "size", "dtype")  # zoo.load keywords, one flag each
 
@@ -389,17 +390,17 @@ def _rule_grids(args) -> dict:
     """--grid PARAM=V1,V2 (repeatable): {rule: points} of frontier.rule_grids, each value checked by its parameter's
     rule (config/acceptance.py)."""
     from ..bench import frontier
-    from ..config.acceptance import PARAMS
+    from ..config.acceptance import PARAMS, rule_named
 
+    swept = {p: None for rule in GRID_RULES for p in rule_named(rule).param_names()}  # in order, once
     values = {}
     for item in args.grid or ():
         name, _, text = item.partition("=")
-        if name not in PARAMS or name in ("entropy_coef", "tvd_threshold", "group_rank", "group_delta") or not text:
-            raise UsageError(f"--grid {item!r}: expected PARAM=V1,V2,... with PARAM one of arsample_scale, "
-                             "arsample_offset, lantern_delta, lantern_lambda, lantern_k (csd: --lambdas/--taus, gsd: "
-                             "--gsd-ranks/--gsd-deltas)")
+        if name not in swept or not text:
+            raise UsageError(f"--grid {item!r}: expected PARAM=V1,V2,... with PARAM one of {', '.join(swept)} (csd: "
+                             "--lambdas/--taus, gsd: --gsd-ranks/--gsd-deltas)")
         kind = int if PARAMS[name].check.kind == "int" else float
-        values[name] = _floats(text, "--grid", name, kind)
+        values[name] = _floats(text, f"--grid {name}", name, kind)
     return frontier.rule_grids(values)
 
 

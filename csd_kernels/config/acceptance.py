@@ -24,8 +24,8 @@ from ..constants import (
 )
 from .rules import ArgumentError, Rule, int_rule, real_rule
 
-__all__ = ["Param", "AcceptanceRule", "RULES", "RULE_NAMES", "RULE_CODES", "MAX_PARAMS", "PARAMS", "rule_named",
-           "param_values", "params_by_name"]
+__all__ = ["Param", "AcceptanceRule", "RULES", "RULE_NAMES", "GRID_RULES", "RULE_CODES", "MAX_PARAMS", "PARAMS",
+           "rule_named", "param_values", "params_by_name"]
 
 MAX_PARAMS = 4  # floats per rule in the kernels' rule_params
 
@@ -118,6 +118,9 @@ RULES: tuple = (
                    source="jadohu/LANTERN (evaluate_posterior)", distortion_gathers=True),
 )
 RULE_NAMES = tuple(r.name for r in RULES)
+# the relaxed rules that `csd sweep --grid PARAM=...` sweeps and `csd compare` adds a row for; csd and gsd have their
+# own flags (--lambdas / --taus, --gsd-ranks / --gsd-deltas) and rows
+GRID_RULES = tuple(r.name for r in RULES if not r.lossless and r.name not in ("csd", "gsd"))
 RULE_CODES = {r.name: code for code, r in enumerate(RULES)}
 # every parameter name, once (a name several rules share, lantern_k, has one check; its default is the rule's)
 PARAMS = {p.name: p for r in RULES for p in r.params}
