@@ -71,7 +71,8 @@ def test_rule_grids_sweep_each_rule_over_its_own_parameters():
     grid = frontier.settings((0.5,), (0.65,), ("maximal",), trees=(), sjd_couplings=("maximal",),
                              rules=frontier.rule_grids({"lantern_lambda": (2.0,), "arsample_offset": (0.2,)}))
     assert [s.label for s in grid[4:]] == ["arsample+maximal c=9 s0=0.2", "lantern+++maximal λ=2 k=10"]
-    assert grid[-1].generate_kwargs() == dict(mode="lantern++", coupling="maximal", lantern_lambda=2.0)
+    assert grid[-1].generate_kwargs() == dict(mode="lantern++", coupling="maximal", lantern_lambda=2.0,
+                                              gather_distortion=True)  # the exact distortion axis
     assert grid[-1].rule == "lantern++" and not grid[-1].lossless
     with pytest.raises(ValueError, match="entropy_coeff: not a rule parameter"):
         frontier.rule_grids({"entropy_coeff": (0.1,)})

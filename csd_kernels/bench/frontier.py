@@ -71,6 +71,8 @@ class Setting:
         if self.mode == "csd":
             kwargs.update(entropy_coef=self.entropy_coef, tvd_threshold=self.tvd_threshold)
         kwargs.update(self.params)
+        if self.rule is not None and rule_named(self.rule).distortion_gathers:
+            kwargs["gather_distortion"] = True  # the distortion axis, exact (V·k gathers per position)
         if self.static or self.tree is not None:
             kwargs["static"] = True
         if self.tree is not None:

@@ -57,6 +57,7 @@ class GenerateOutput:
     tvd_map: torch.Tensor  # [B, H, W] TVD(p, q) of the committing step (NaN where there was no draft)
     timings: dict = field(default_factory=dict)  # seconds: model, verify, decode, rest, total
     sequences: Optional[torch.Tensor] = None  # [B, T] the image part in the model's own vocabulary and layout
+    mode: Optional[str] = None  # the decoding mode that made it
 
     def passes_per_row(self) -> np.ndarray:
         """[B] forward passes each row needed: the passes in which it still committed tokens (every row has its own
@@ -64,8 +65,12 @@ class GenerateOutput:
         return (np.asarray(self.accepted) > 0).sum(0)
 
     def distortion_per_row(self) -> np.ndarray:
-        """[B] mean distortion per token of each row (jd's unknown distortion, NaN in the map, counts as 0)."""
-        return torch.nan_to_num(self.distortion_map, nan=0.0).float().mean((1, 2)).cpu().numpy()
+        """[B] mean distortion per token of each row. jd's map is NaN (untracked) and counts as 0: every token it
+        commits is a fresh sample. A lantern mode's map without gather_distortion is NaN, and so is its mean."""
+        dist = self.distortion_map
+        if self.mode is None or MODE_TABLE[self.mode].rule is None:
+            dist = torch.nan_to_num(dist, nan=0.0)
+        return dist.float().mean((1, 2)).cpu().numpy()
 
     def pil_images(self) -> list:
         """The images as a list of B PIL images (needs Pillow); ValueError when the model has no pixel decoder."""
@@ -146,7 +151,7 @@ def generate(
         bar.close()
     with clock.phase("decode"):
         images = adapter.decode(tokens)
-    return _output(tokens, maps, accepted, adapter, images, prefill_passes, clock, batch)
+    return _output(tokens, maps, accepted, adapter, images, prefill_passes, clock, batch, mode)
 
 
 def _neighbours(adapter, cfg: GenerationConfig) -> Optional[torch.Tensor]:
@@ -202,12 +207,12 @@ def _check_static(adapter, static: bool, cuda_graph: Optional[bool], compile: bo
 
 
 def _output(tokens, maps, accepted: list, adapter, images, prefill_passes: int, clock: "Clock",
-            batch: int) -> GenerateOutput:
+            batch: int, mode: str) -> GenerateOutput:
     grid = (batch, *adapter.grid)
     return GenerateOutput(
         tokens=tokens, images=images, forward_passes=len(accepted), prefill_passes=prefill_passes, accepted=accepted,
         entropy_map=maps[0].reshape(grid), accept_map=maps[1].reshape(grid), distortion_map=maps[2].reshape(grid),
-        tvd_map=maps[3].reshape(grid), timings=clock.summary(), sequences=adapter.image_sequence(tokens),
+        tvd_map=maps[3].reshape(grid), timings=clock.summary(), sequences=adapter.image_sequence(tokens), mode=mode,
     )
 
 
