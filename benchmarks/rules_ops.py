@@ -60,6 +60,7 @@ def measure() -> list[dict]:
             COUNTS.clear()
             ck.verify(**x, **kw, backend="triton")
             ops[label] = sum(COUNTS.values())
+            print(f"{batch:>2} {label:<20} {ops[label]:>10}", flush=True)  # as it goes: the interpreter is slow
         for label, n in ops.items():
             rows.append(dict(B=batch, L=rules_speed.WINDOW, V=rules_speed.VOCAB, rule=label, ops=n,
                              vs_strict=n / ops["strict"]))
