@@ -117,6 +117,7 @@ MAY_IMPORT = {
     "bench": {*_LEAVES, "config", "reference", "ops", "models", "decoding", "testing", "zoo"},
     "runner": {*_LEAVES, "config", "reference", "ops", "models", "decoding", "zoo"},
     "cli": {*_LEAVES, "config", "csd_kernels", "reference", "ops", "models", "decoding", "zoo", "bench", "runner"},
+    "integrations": {*_LEAVES, "config", "reference", "ops", "models", "decoding"},  # other engines' signatures
     "__main__": {"cli"},
 }
 PRIVATE_ALLOWED = {"_C"}  # the compiled extension's module name
