@@ -128,7 +128,7 @@ def test_digits_outputs_are_unchanged_by_the_measures():
 
     result = json.load(open("docs/img/digits_frontier.json"))
     result.update(measures=[dataclasses.asdict(m) for m in DIGITS_MEASURES], ceiling="held-out real digits")
-    assert frontier.format_table(result) == result["pareto_table"]
+    assert frontier.format_table(result) == result["table"]
     r = lambda mean, std: {"mean": mean, "std": std}  # noqa: E731
     results = {"ar": {"passes": r(256.0, 0.0), "wall": r(1.234, 0.05), "distortion": r(0.0, 0.0),
                       "accuracy": r(0.9625, 0.0125), "frechet": r(4.01, 0.33), "speedup": 1.0},
