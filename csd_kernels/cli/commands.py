@@ -28,6 +28,7 @@ from ..decoding import DEFAULT_COUPLING, GenerationConfig, generate
 from ..decoding.validation import check, check_backend, check_device, check_generate, check_tree, row_seeds
 from ..fileio.inputs import shorten
 from ..fileio.outputs import Output
+from ..fileio.signals import if_stopped
 from ..ops.registry import select_backend
 from ..runner.summary import unmeasured_note
 from ..runner.usage import GENERATE_FILES, UsageError, as_flags, check_out, claim_generate_dir
@@ -211,20 +212,21 @@ def cmd_generate(args) -> dict:
     _check_flags(args)
     row_seeds(args.seed, args.num)
     claim_generate_dir(args.out)
-    entry = _load(args)
-    inputs = _prompt_inputs(entry, args.prompt, args.num)
-    kwargs = _generate_kwargs(args, entry)
-    if args.tree is not None:
-        kwargs.update(tree=args.tree, static=True)  # trees run in the static loop
-    begin = time.perf_counter()
-    out = generate(entry.model, **inputs, mode=args.mode, coupling=args.coupling, seed=args.seed,
-                   progress=not args.quiet, **kwargs)
-    wall = time.perf_counter() - begin
-    stats = _generate_stats(args, entry, kwargs, out, wall)
-    label = run_label(args.mode, stats["parameters"]["coupling"])
-    columns = _grid_columns(args.num)
-    title = f"{label}, prompt {shorten(args.prompt)}, --seed {args.seed}: {_count(args.num, 'image')}"
-    with Output(args.out, replaces=GENERATE_FILES) as output:  # all or nothing: a failure leaves --out as it was
+    # all or nothing: a failure or a signal at any point leaves --out as it was
+    with Output(args.out, replaces=GENERATE_FILES) as output:
+        entry = _load(args)
+        inputs = _prompt_inputs(entry, args.prompt, args.num)
+        kwargs = _generate_kwargs(args, entry)
+        if args.tree is not None:
+            kwargs.update(tree=args.tree, static=True)  # trees run in the static loop
+        begin = time.perf_counter()
+        out = generate(entry.model, **inputs, mode=args.mode, coupling=args.coupling, seed=args.seed,
+                       progress=not args.quiet, **kwargs)
+        wall = time.perf_counter() - begin
+        stats = _generate_stats(args, entry, kwargs, out, wall)
+        label = run_label(args.mode, stats["parameters"]["coupling"])
+        columns = _grid_columns(args.num)
+        title = f"{label}, prompt {shorten(args.prompt)}, --seed {args.seed}: {_count(args.num, 'image')}"
         _write_images(out, output, columns, title)
         _save_maps(out, output.path("maps.png"), columns, title)
         output.write_json("stats.json", stats)
@@ -336,18 +338,18 @@ def table_notes(rows, measures) -> list[str]:
 def cmd_compare(args) -> dict:
     _check_flags(args)
     check_out(args.out)
-    entry = _load(args)
-    _prompt_inputs(entry, args.prompt, 1)  # a bad prompt fails before any work
-    seeds = list(range(args.seeds))
-    report = run_compare(entry, [args.prompt] * args.num, seeds, generate_kwargs=_generate_kwargs(args, entry),
-                         progress=not args.quiet)
-    table = format_compare(report["results"], entry.measures)
-    print(table)
-    samples = report.pop("samples")
-    shown = min(args.num, 8)
-    report.update(model=args.model, prompt=args.prompt, num=args.num, seeds=seeds,
-                  rows_of_compare_png=list(samples), table=table)
-    with Output(args.out) as output:
+    with Output(args.out) as output:  # (stopped before the end: --out as it was)
+        entry = _load(args)
+        _prompt_inputs(entry, args.prompt, 1)  # a bad prompt fails before any work
+        seeds = list(range(args.seeds))
+        report = run_compare(entry, [args.prompt] * args.num, seeds, generate_kwargs=_generate_kwargs(args, entry),
+                             progress=not args.quiet)
+        table = format_compare(report["results"], entry.measures)
+        print(table)
+        samples = report.pop("samples")
+        shown = min(args.num, 8)
+        report.update(model=args.model, prompt=args.prompt, num=args.num, seeds=seeds,
+                      rows_of_compare_png=list(samples), table=table)
         if all(images is not None for images in samples.values()):
             _save_labelled(np.concatenate([images[:shown] for images in samples.values()]), shown,
                            output.path("compare.png"), f"prompt {shorten(args.prompt)}, first seed: one row per run; "
@@ -451,8 +453,9 @@ def cmd_sweep(args) -> dict:
                              gsd=_gsd_grid(args))
     check_out(os.path.dirname(args.out) or ".")
     _load(args)  # a missing or foreign checkpoint is one line, before any work
-    result = frontier.sweep(args.model, seeds=tuple(range(args.seeds)), workers=args.workers, grid=grid,
-                            prompts=prompts, options={"weights": args.weights})
+    with if_stopped(f"nothing was written to {os.path.dirname(args.out) or '.'}"):
+        result = frontier.sweep(args.model, seeds=tuple(range(args.seeds)), workers=args.workers, grid=grid,
+                                prompts=prompts, options={"weights": args.weights})
     print(frontier.format_table(result))
     print("\n".join(frontier.summary_lines(result)))
     paths = frontier.save(result, args.out)

@@ -193,10 +193,11 @@ class Output:
             except BaseException as failure:
                 exc = failure
         self.discard()
-        if isinstance(exc, OSError):
-            raise OutputError(describe_failure(exc, self.final(self._current)), self.kept()) from exc
+        kept = self.kept() if not self.committed else f"it had finished: {self.summary()}"
+        if isinstance(exc, OSError) and self._current:  # (a file was being written)
+            raise OutputError(describe_failure(exc, self.final(self._current)), kept) from exc
         if isinstance(exc, (OutputError, Interrupted)) and not exc.kept:
-            exc.kept = self.kept()
+            exc.kept = kept
         if exc is not None and kind is None:
             raise exc
         return False

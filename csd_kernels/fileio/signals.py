@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import signal
 
-__all__ = ["Interrupted", "SIGNALS", "raise_on_signals", "signals_held"]
+__all__ = ["Interrupted", "SIGNALS", "raise_on_signals", "signals_held", "if_stopped"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -61,3 +61,13 @@ def signals_held():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+@contextlib.contextmanager
+def if_stopped(kept: str):
+    """An :class:`Interrupted` raised inside says ``kept`` (what the user has), unless it already says something."""
+    try:
+        yield
+    except Interrupted as exc:
+        exc.kept = exc.kept or kept
+        raise

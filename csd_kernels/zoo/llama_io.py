@@ -73,8 +73,9 @@ def load_llama(weights_dir: str | os.PathLike, what: str, attn_implementation: s
     missing = [k for k in lm.state_dict() if k not in header and not k.endswith("rotary_emb.inv_freq")]
     unexpected = [k for k in header if k not in lm.state_dict()]
     if missing or unexpected:
-        raise InputError(flag, w_path, f"tensors of another model than its {CONFIG_FILE} describes (missing "
-                                       f"{shorten(missing)}, unexpected {shorten(unexpected)})")
+        example = (missing + unexpected)[0]
+        raise InputError(flag, w_path, f"tensors of another model than its {CONFIG_FILE} describes ({len(missing)} "
+                                       f"missing, {len(unexpected)} unexpected, e.g. {example})")
     try:
         sd = {k: v.to(dtype) for k, v in load_file(w_path).items()}
         lm.load_state_dict(sd, strict=False)
