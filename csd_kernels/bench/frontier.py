@@ -246,7 +246,7 @@ def cited(result: dict) -> list[str]:
 def _batch_header(result: dict) -> str:
     """"passes / batch of N", or "of up to N" when the last batch is smaller."""
     batch = result.get("batch", BATCH)
-    return f"passes / batch of {'' if result['images'] % batch == 0 else 'up to '}{batch}"
+    return f"passes / batch of {'' if result.get('images', batch) % batch == 0 else 'up to '}{batch}"
 
 
 def format_table(result: dict, labels: list[str] | None = None) -> str:

@@ -13,6 +13,14 @@ GSD_COLOUR = "tab:orange"  # gsd over its group (k, δ): one marker per k, light
 
 
 def plot(result: dict, path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(result)
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+
+
+def figure(result: dict):
     """One panel per quality measure. csd: colour = λ, shape = τ, filled = coupled next drafts, purple edge = a draft
     tree; sjd + tree: purple, one shape per tree; gsd (k, δ): orange; grey band = ar's mean ± std; dashed = the
     model's ceiling."""
@@ -44,8 +52,7 @@ def plot(result: dict, path: str) -> None:
     fig.suptitle(f"{result['model']}: forward passes vs quality (mean ± std over {len(result['seeds'])} seeds, "
                  f"{result['images']} images each)")
     fig.tight_layout(rect=(0, 0, 1 - 3.2 / (8 * len(measures)), 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def _panel(ax, result: dict, key: str, colours: dict, markers: dict) -> None:

@@ -151,9 +151,17 @@ def save(rows: list[BenchRow], out: Union[str, Output], device_name: str) -> dic
 
 
 def _plot(rows: list[BenchRow], path: str, device_name: str) -> None:
-    """One panel per vocabulary: µs per call against the batch, one marked line per backend (dashed: without probs),
-    the read-once floor and the authors' loop; every series has markers (a panel may hold one batch) and the legend
-    sits under the panels, off the points."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(rows, device_name)
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+
+
+def figure(rows: list[BenchRow], device_name: str):
+    """verify.png: one panel per vocabulary, µs per call against the batch, one marked line per backend (dashed:
+    without probs), the read-once floor and the authors' loop; every series has markers (a panel may hold one batch)
+    and the legend sits under the panels, off the points."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -186,5 +194,4 @@ def _plot(rows: list[BenchRow], path: str, device_name: str) -> None:
     labels = list(legend)
     fig.legend(list(legend.values()), labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8)
     fig.tight_layout(rect=(0, 0.06 + 0.05 * ((len(labels) - 1) // 4), 1, 1))
-    fig.savefig(path, dpi=110, format="png")
-    plt.close(fig)
+    return fig

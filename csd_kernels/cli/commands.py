@@ -32,7 +32,7 @@ from ..fileio.signals import if_stopped
 from ..ops.registry import select_backend
 from ..runner.summary import unmeasured_note
 from ..runner.usage import GENERATE_FILES, UsageError, as_flags, check_out, claim_generate_dir
-from .parser import GENERATION_FLAGS
+from .parser import GENERATION_FLAGS, sweep_lists
 
 # The rows of `csd compare`: (label, mode, coupling); sjd and csd once per coupling, each label naming it.
 COMPARE_RUNS = [(run_label(mode, coupling), mode, coupling)
@@ -174,8 +174,16 @@ def _save_labelled(images: np.ndarray, columns: int, path: str, title: str, labe
 
 
 def _save_maps(out, path: str, columns: int, title: str) -> None:
-    """Entropy and acceptance maps of every image side by side, colour-mapped, one PNG; each colour bar as tall as
-    its maps, the title wrapped inside the canvas."""
+    """Entropy and acceptance maps of every image side by side, colour-mapped, one PNG (:func:`maps_figure`)."""
+    import matplotlib.pyplot as plt
+
+    fig = maps_figure(out, columns, title)
+    fig.savefig(path, dpi=120, format="png")
+    plt.close(fig)
+
+
+def maps_figure(out, columns: int, title: str):
+    """The figure of maps.png: each colour bar as tall as its maps, the title wrapped inside the canvas."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -201,8 +209,7 @@ def _save_maps(out, path: str, columns: int, title: str) -> None:
     text = f"{title}: one map per image, one cell per token, in the order of grid.png"
     fig.suptitle(textwrap.fill(text, width=int(fig.get_figwidth() * 10)), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120, format="png")
-    plt.close(fig)
+    return fig
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -381,16 +388,6 @@ def cmd_bench(args) -> list:
     return rows
 
 
-def _floats(text: str, flag: str, setting: str, kind=float) -> tuple:
-    """Comma-separated values of generate()'s ``setting``, each checked by its rule (errors name ``flag``)."""
-    try:
-        values = tuple(kind(v) for v in text.split(","))
-    except ValueError:
-        raise UsageError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
-    with as_flags(**{setting: flag}):
-        return tuple(check(setting, value) for value in values)
-
-
 def _trees(text: str) -> tuple:
     """--trees: comma-separated KxD draft trees ("none": no tree settings), each checked by validation.check_tree
     as the tree settings run it (sjd, the maximal coupling, generate()'s default window)."""
@@ -405,17 +402,6 @@ def _trees(text: str) -> tuple:
         with as_flags(tree="--trees"):
             trees.append(check_tree((branching, depth), "sjd", GenerationConfig().window, "maximal", static=True))
     return tuple(trees)
-
-
-def _gsd_grid(args) -> tuple:
-    """--gsd-ranks x --gsd-deltas (one of them alone: with generate()'s default for the other); none: ()."""
-    if not args.gsd_ranks and not args.gsd_deltas:
-        return ()
-    ranks = _floats(args.gsd_ranks, "--gsd-ranks", "group_rank", int) if args.gsd_ranks else (
-        GenerationConfig().group_rank,)
-    deltas = _floats(args.gsd_deltas, "--gsd-deltas", "group_delta") if args.gsd_deltas else (
-        GenerationConfig().group_delta,)
-    return tuple((k, delta) for k in ranks for delta in deltas)
 
 
 def _sweep_prompts(args) -> list[str]:
@@ -442,15 +428,8 @@ def cmd_sweep(args) -> dict:
     from ..bench import frontier
 
     prompts = _sweep_prompts(args)
-    couplings = tuple(args.couplings.split(","))
-    with as_flags(coupling="--couplings"):
-        for coupling in couplings:
-            check("coupling", coupling)
-    check("seeds", args.seeds)
-    check("workers", args.workers)
-    grid = frontier.settings(_floats(args.lambdas, "--lambdas", "entropy_coef"),
-                             _floats(args.taus, "--taus", "tvd_threshold"), couplings, _trees(args.trees),
-                             gsd=_gsd_grid(args))
+    lambdas, taus, couplings, gsd = sweep_lists(args)  # (checked before torch loaded: parser.check_flags)
+    grid = frontier.settings(lambdas, taus, couplings, _trees(args.trees), gsd=gsd)
     check_out(os.path.dirname(args.out) or ".")
     _load(args)  # a missing or foreign checkpoint is one line, before any work
     with if_stopped(f"nothing was written to {os.path.dirname(args.out) or '.'}"):

@@ -12,13 +12,13 @@ import argparse
 import re
 
 from .. import __version__
-from ..config.generation import DEFAULT_COUPLING, MODES, RULES, GenerationConfig, check_generate
+from ..config.generation import DEFAULT_COUPLING, MODES, RULES, GenerationConfig, check, check_generate
 from ..constants import BACKENDS, COUPLINGS
 from ..fileio.inputs import quote
 from ..models import registry
-from ..runner.usage import UsageError
+from ..runner.usage import UsageError, as_flags
 
-__all__ = ["build_parser", "check_flags", "check_prompts", "GENERATION_FLAGS", "add_model_options",
+__all__ = ["build_parser", "check_flags", "check_prompts", "sweep_lists", "GENERATION_FLAGS", "add_model_options",
            "add_generation_options"]
 
 GENERATION_FLAGS = GenerationConfig.names(flag="every")  # the generation flags every sampling command takes
@@ -214,7 +214,38 @@ def check_flags(args: argparse.Namespace) -> None:
     for name, rule in _COMMAND_FLAGS.get(command, {}).items():
         if getattr(args, name) is not None or name not in _UNSET_ALLOWED:
             RULES[rule].check(name, getattr(args, name))
+    if command == "sweep":
+        sweep_lists(args)
     check_prompts(args)
+
+
+def sweep_lists(args: argparse.Namespace) -> tuple:
+    """csd sweep's lists, each value checked by the rule of the setting it sets (errors name the flag): (λs, τs,
+    couplings, gsd (k, δ) pairs: --gsd-ranks x --gsd-deltas, one of them alone with generate()'s default for the
+    other)."""
+    couplings = tuple(args.couplings.split(","))
+    with as_flags(coupling="--couplings"):
+        for coupling in couplings:
+            check("coupling", coupling)
+    gsd = ()
+    if args.gsd_ranks or args.gsd_deltas:
+        ranks = _numbers(args.gsd_ranks, "--gsd-ranks", "group_rank", int) if args.gsd_ranks else (
+            GenerationConfig().group_rank,)
+        deltas = _numbers(args.gsd_deltas, "--gsd-deltas", "group_delta") if args.gsd_deltas else (
+            GenerationConfig().group_delta,)
+        gsd = tuple((k, delta) for k in ranks for delta in deltas)
+    return (_numbers(args.lambdas, "--lambdas", "entropy_coef"), _numbers(args.taus, "--taus", "tvd_threshold"),
+            couplings, gsd)
+
+
+def _numbers(text: str, flag: str, setting: str, kind=float) -> tuple:
+    """Comma-separated values of generate()'s ``setting``, each checked by its rule (errors name ``flag``)."""
+    try:
+        values = tuple(kind(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"{flag}: expected comma-separated numbers, got {quote(text)}") from None
+    with as_flags(**{setting: flag}):
+        return tuple(check(setting, value) for value in values)
 
 
 def check_prompts(args: argparse.Namespace) -> None:

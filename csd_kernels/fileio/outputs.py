@@ -110,10 +110,10 @@ class Output:
         """The path to write file ``name`` to now; it reaches ``folder/name`` at the commit."""
         if self.committed or os.path.basename(name) != name or name.startswith(STAGING_PREFIX):
             raise ValueError(f"Output.path({name!r}): a plain file name, before the commit")
+        self._current = name
         staging = self._stage()
         if name not in self.names:
             self.names.append(name)
-        self._current = name
         return os.path.join(staging, name)
 
     def write(self, name: str, data: Union[bytes, str]) -> None:

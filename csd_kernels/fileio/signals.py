@@ -51,16 +51,25 @@ def raise_on_signals():
 
 @contextlib.contextmanager
 def signals_held():
-    """SIGINT and SIGTERM wait until the block is done (a few renames must happen all or none); delivered after."""
+    """SIGINT and SIGTERM wait until the block is done (a few renames must happen all or none), then reach the
+    handler they would have reached. (Held by handlers that note them, not by the signal mask: a process-directed
+    signal may land on any thread, e.g. one of torch's, and Python runs the handler in the main thread anyway.)"""
+    pending = []
     try:
-        before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-    except (AttributeError, ValueError, OSError):  # no pthread_sigmask on this platform
+        before = {signum: signal.signal(signum, lambda signum, frame: pending.append(signum)) for signum in SIGNALS}
+    except ValueError:  # not the main thread: signals reach the main thread's handlers
         yield
         return
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        for signum in pending[:1]:
+            if callable(before[signum]):
+                before[signum](signum, None)
+            elif before[signum] == signal.SIG_DFL:
+                signal.raise_signal(signum)
 
 
 @contextlib.contextmanager

@@ -61,7 +61,7 @@ def summarize(gathered, modes, prompts, entry, manifest, tokens_per_image, world
 def unmeasured_note(labels: list[str]) -> str:
     """What a '-' in a table of runs means (the measures ``labels`` had no value: e.g. a background accuracy where no
     prompt names a background, a Fréchet distance of one image)."""
-    return f"-: {', '.join(labels)} not measured (these prompts give it no value)"
+    return f"-: no value of {', '.join(labels)} for these images and prompts"
 
 
 def format_table(summary: dict) -> str:

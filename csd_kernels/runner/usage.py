@@ -60,7 +60,28 @@ def check_out(path: str, flag: str = "--out") -> str:
         raise UsageError(f"{flag} {path}: {existing} is not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {path}: {existing} is not writable")
+    if existing != os.path.abspath(path):
+        _probe_create(path, existing, flag)
     return path
+
+
+def _probe_create(path: str, existing: str, flag: str) -> None:
+    """Creates the missing folders of ``path`` and removes them again: a folder that cannot be made (/proc, a
+    read-only mount) is refused now, before the work, and nothing is left."""
+    missing, folder = [], os.path.abspath(path)
+    while folder != existing:
+        missing.insert(0, folder)
+        folder = os.path.dirname(folder)
+    made = []
+    try:
+        for folder in missing:
+            os.mkdir(folder)
+            made.append(folder)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot create the folder ({exc.strerror})") from None
+    finally:
+        for folder in reversed(made):
+            os.rmdir(folder)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
