@@ -104,6 +104,7 @@ class Output:
         self._staging: Optional[str] = None
         self._made: list[str] = []  # folders this output created, outermost first
         self._current = ""  # the file being written (for the error)
+        self._moved: list[str] = []  # the files the commit has put in place so far
 
     # ---------------------------------------------------------------------------------------------------- writing
     def path(self, name: str) -> str:
@@ -145,14 +146,15 @@ class Output:
             self._current = name
             _fsync(os.path.join(self._staging, name))
         self.replaced = [name for name in staged if os.path.exists(self.final(name))]
+        self.names = staged
         with signals_held():
             for name in staged:
                 os.replace(os.path.join(self._staging, name), self.final(name))
+                self._moved.append(name)
             self.removed = self._remove_earlier(set(staged))
             if self._staging is not None:
                 shutil.rmtree(self._staging, ignore_errors=True)
             self.committed = True
-        self.names = staged
         return [self.final(name) for name in staged]
 
     def _remove_earlier(self, written: set) -> list[str]:
@@ -177,6 +179,10 @@ class Output:
 
     def kept(self) -> str:
         """What the user still has after :meth:`discard`."""
+        if self.committed:
+            return f"it had finished: {self.summary()}"
+        if self._moved:  # (a rename failed: a file system error, no signal)
+            return f"stopped while putting its files in place: {describe(self._moved)} of this run are in {self.folder}"
         earlier = os.path.isdir(self.folder) and any(
             name in self.names or (self.replaces is not None and self.replaces.fullmatch(name))
             for name in os.listdir(self.folder))
@@ -193,7 +199,7 @@ class Output:
             except BaseException as failure:
                 exc = failure
         self.discard()
-        kept = self.kept() if not self.committed else f"it had finished: {self.summary()}"
+        kept = self.kept()
         if isinstance(exc, OSError) and self._current:  # (a file was being written)
             raise OutputError(describe_failure(exc, self.final(self._current)), kept) from exc
         if isinstance(exc, (OutputError, Interrupted)) and not exc.kept:

@@ -27,7 +27,7 @@ import torch
 from .. import zoo
 from ..decoding import MODES, GenerationConfig, generate
 from ..decoding.validation import TREE_MODES, check, check_backend, check_generate, check_tree
-from ..fileio.inputs import read_prompts
+from ..fileio.inputs import read_prompt_lines, read_prompts
 from ..fileio.outputs import Output, OutputError, write_atomic
 from ..fileio.signals import Interrupted
 from .files import (
@@ -242,11 +242,11 @@ def _prepare(spec: RunSpec, device: torch.device) -> dict:
         entry = zoo.load(spec.model, device=device, **spec.model_options)
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from exc
-    for line, prompt in enumerate(prompts):
+    for number, prompt in read_prompt_lines(spec.prompts_file):  # (what only the loaded model knows: a class count)
         try:
             entry.prompt_inputs([prompt])
         except ValueError as exc:
-            raise UsageError(f"--prompts {spec.prompts_file}: prompt {line + 1}: {exc}") from exc
+            raise UsageError(f"--prompts {spec.prompts_file}: line {number}: {exc}") from exc
     settings = _generate_settings(entry, spec.generate_kwargs)
     with as_flags():  # the model's defaults filled in
         check_generate("csd", spec.coupling, **{k: v for k, v in settings.items() if k != "backend"})
