@@ -26,8 +26,9 @@ def test_grid():
     assert len({s.label for s in grid}) == len(grid)
     chain_csd = [s.label for s in grid if s.mode == "csd" and s.entropy_coef == 0.0 and s.tree is None]
     tree_csd = [s.label for s in grid if s.mode == "csd" and s.entropy_coef == 0.0 and s.tree is not None]
-    assert [s.label for s in grid if s.lossless] == ["ar", "sjd", "sjd+maximal", "sjd+gumbel"] + chain_csd + [
-        "sjd+maximal static", "sjd+maximal+tree 2x2", "sjd+maximal+tree 3x2"] + tree_csd
+    assert [s.label for s in grid if s.lossless] == ["ar", "sjd+independent", "sjd+maximal", "sjd+gumbel",
+                                                     *chain_csd, "sjd+maximal static", "sjd+maximal+tree 2x2",
+                                                     "sjd+maximal+tree 3x2", *tree_csd]
     assert len(tree_csd) == 2 * 3
     tree_rows = [s for s in grid if s.tree is not None or s.static]
     assert tree_rows[0].generate_kwargs() == dict(mode="sjd", coupling="maximal", static=True)
@@ -122,13 +123,14 @@ def test_sweep_bad_input(argv, message, capsys, tmp_path, monkeypatch):
 
 
 def test_digits_outputs_are_unchanged_by_the_measures():
-    """The measures refactor keeps digits' table, CSV columns, compare and run tables, text for text: the table of the
-    committed frontier (written by the code before it) and literals the code before it printed."""
+    """The measures refactor keeps digits' table, CSV columns, compare and run tables, text for text: the Pareto rows
+    of the committed frontier (written by the code before it) and literals the code printed (since then the tables
+    name sjd's and csd's coupling, show '-' for a measure without a value and say the default coupling)."""
     from csd_kernels.runner.summary import format_table as run_table
 
     result = json.load(open("docs/img/digits_frontier.json"))
     result.update(measures=[dataclasses.asdict(m) for m in DIGITS_MEASURES], ceiling="held-out real digits")
-    assert frontier.format_table(result) == result["pareto_table"]
+    assert frontier.format_table(result, labels=result["pareto"]) == result["pareto_table"]
     r = lambda mean, std: {"mean": mean, "std": std}  # noqa: E731
     results = {"ar": {"passes": r(256.0, 0.0), "wall": r(1.234, 0.05), "distortion": r(0.0, 0.0),
                       "accuracy": r(0.9625, 0.0125), "frechet": r(4.01, 0.33), "speedup": 1.0},
@@ -137,7 +139,9 @@ def test_digits_outputs_are_unchanged_by_the_measures():
     assert cli.format_compare(results, DIGITS_MEASURES) == (
         "run              passes/img speed-up       wall s distortion      accuracy       Fréchet\n" + "-" * 88 + "\n"
         "ar                256.0±0.0    1.00x    1.23±0.05     0.0000   0.963±0.013     4.01±0.33\n"
-        "csd+maximal        64.2±1.5    3.98x    0.40±0.01     0.0123   0.875±0.025     6.90±0.50")
+        "csd+maximal        64.2±1.5    3.98x    0.40±0.01     0.0123   0.875±0.025     6.90±0.50\n"
+        "sjd and csd draw their next drafts with the maximal coupling unless told otherwise (csd generate --mode csd "
+        "runs csd+maximal)")
     mode = lambda passes, std, speedup, wall, dist, **quality: {  # noqa: E731
         "images": 20, "forward_passes_per_image": r(passes, std), "speedup_vs_ar": speedup, "wall_seconds": wall,
         "wall_seconds_per_image": wall / 20, "mean_distortion": dist, **quality}
@@ -145,10 +149,11 @@ def test_digits_outputs_are_unchanged_by_the_measures():
                "per_mode": {"ar": mode(256.0, 0.0, 1.0, 11.5, 0.0, accuracy=0.95, frechet=4.25),
                             "csd": mode(64.3, 3.2, 3.98, 3.5, 0.0123, accuracy=0.85)}}
     assert run_table(summary) == (
-        "mode    images       passes/img  speed-up    wall s    s/img distortion  accuracy   Fréchet\n"
-        + "-" * 91 + "\n"
-        "ar          20     256.0±0.0        1.00x     11.50    0.575     0.0000     0.950      4.25\n"
-        "csd         20      64.3±3.2        3.98x      3.50    0.175     0.0123     0.850       nan\n"
+        "mode         images       passes/img  speed-up    wall s    s/img distortion   accuracy    Fréchet\n"
+        + "-" * 98 + "\n"
+        "ar               20     256.0±0.0        1.00x     11.50    0.575     0.0000      0.950       4.25\n"
+        "csd+maximal      20      64.3±3.2        3.98x      3.50    0.175     0.0123      0.850          -\n"
+        "-: no value of Fréchet for these images and prompts\n"
         "(1 process(es); wall s = generation seconds summed over ranks; speed-up = ar passes / passes per image)")
 
 
@@ -240,8 +245,9 @@ def test_scenes_sweep_end_to_end(tiny_scenes, small_basis, tmp_path, capsys):
     assert [m["name"] for m in result["measures"]] == ["adherence", "frechet", "background_accuracy"]
     assert result["images"] == 2 and result["per_class"] is None and result["ceiling"].startswith("rendered scenes")
     rows = result["results"]
-    assert list(rows) == ["ar", "sjd", "sjd+maximal", "sjd+gumbel", "gsd", "gsd k=4 δ=0.15", "csd+maximal λ=0.5 τ=0.65"]
-    assert rows["ar"]["passes"]["mean"] == 576 and rows["sjd"]["distortion"]["mean"] == 0.0
+    assert list(rows) == ["ar", "sjd+independent", "sjd+maximal", "sjd+gumbel", "gsd", "gsd k=4 δ=0.15",
+                          "csd+maximal λ=0.5 τ=0.65"]
+    assert rows["ar"]["passes"]["mean"] == 576 and rows["sjd+independent"]["distortion"]["mean"] == 0.0
     assert rows["gsd k=4 δ=0.15"]["passes"] != rows["gsd"]["passes"]  # its own group, not gsd's defaults
     assert result["settings"]["gsd k=4 δ=0.15"]["group_rank"] == 4
     assert result["heldout"]["adherence"]["mean"] == 1.0  # two rendered scenes read back exactly
@@ -259,8 +265,8 @@ def test_scenes_refuses_missing_weights(tmp_path, monkeypatch, capsys):
     from csd_kernels.zoo.scenes import model
 
     monkeypatch.setattr(model, "WEIGHTS_DIR", tmp_path)  # the package without its trained weights
-    with pytest.raises(ValueError, match="shipped weights are not in the package .* python -m "
-                                         "csd_kernels.zoo.scenes.train --out DIR") as e:
+    with pytest.raises(ValueError, match="the shipped weights, .*: no config.json and no model.safetensors in the "
+                                         "folder .*python -m csd_kernels.zoo.scenes.train --out DIR") as e:
         zoo.load("scenes")
     assert "\n" not in str(e.value)
     assert csd_main(["generate", "--model", "scenes", "--weights", str(tmp_path), "--prompt", "red circle top",
@@ -276,8 +282,8 @@ def test_scenes_refuses_missing_weights(tmp_path, monkeypatch, capsys):
     (["--gsd-ranks", "0"], "--gsd-ranks 0: expected an int >= 1"),
     (["--gsd-ranks", "4.5"], "--gsd-ranks: expected comma-separated numbers"),
     (["--gsd-deltas", "0.1,-1"], "--gsd-deltas -1.0: expected a finite number >= 0"),
-    (["--model", "digits", "--weights", "/nowhere"], "--model digits ships its weights: --weights do not apply"),
-    (["--model", "scenes", "--weights", "/nowhere"], "--model scenes: --weights (/nowhere has no config.json"),
+    (["--model", "digits", "--weights", "/nowhere"], "--model digits ships its weights: --weights does not apply"),
+    (["--model", "scenes", "--weights", "/nowhere"], "--weights /nowhere: no such folder; expected a scenes model"),
 ])
 def test_sweep_bad_flags_for_scenes(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(frontier, "sweep", lambda *args, **kwargs: pytest.fail("the sweep ran before the check"))

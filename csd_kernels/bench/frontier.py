@@ -18,15 +18,16 @@ measured), ``pareto`` (labels), ``fast_inside_ar_band`` (labels), ``fewest_insid
 from __future__ import annotations
 
 import csv
-import json
+import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..config.generation import run_label
 from ..decoding.validation import TREE_MODES
+from ..fileio.outputs import Output
 from ..reference.gsd import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
 from ..zoo import Measure
 
@@ -90,15 +91,19 @@ def settings(lambdas=LAMBDAS, taus=TAUS, couplings=CSD_COUPLINGS, trees=TREES,
 
 
 def _label(mode: str, coupling: str) -> str:
-    """A setting's name: the mode alone for independent next drafts, else mode+coupling (sjd, csd+maximal)."""
-    return mode if coupling == "independent" else f"{mode}+{coupling}"
+    """A setting's name: the mode and its next drafts' coupling (sjd+independent, csd+maximal): config's run_label."""
+    return run_label(mode, coupling)
 
 
 # ------------------------------------------------------------------------------------------------------- running
 def _init_worker() -> None:
+    import signal
+
     import torch
 
     torch.set_num_threads(1)  # one thread per process: the workers share the cores
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops them
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_setting(model_name: str, setting: Setting, seed: int, prompts: list[str], options: dict | None = None) -> dict:
@@ -152,13 +157,14 @@ def sweep(model_name: str = "digits", per_class: int = 8, seeds=(0, 1, 2), worke
     if entry.heldout_quality:
         heldout = summarise([{m.name: entry.heldout_quality(prompts, seed)[m.name] for m in entry.measures}
                              for seed in seeds])
-    with ProcessPoolExecutor(workers, initializer=_init_worker) as pool:
-        done = list(pool.map(run_setting, [model_name] * len(jobs), *zip(*jobs), [prompts] * len(jobs),
-                             [options] * len(jobs)))
+    with multiprocessing.Pool(workers, initializer=_init_worker) as pool:  # leaving it stops the workers, on a
+        # failure or a signal too (the workers ignore SIGINT: this process answers it)
+        done = pool.starmap(run_setting, [(model_name, s, seed, prompts, options) for s, seed in jobs])
     by_label = {s.label: s for s in grid}
     rows = {label: summarise([r for (s, _), r in zip(jobs, done) if s.label == label]) for label in by_label}
     return {"model": model_name, "model_options": zoo.describe_options(options),
-            "per_class": None if given else per_class, "images": len(prompts), "seeds": list(seeds), "batch": BATCH,
+            "per_class": None if given else per_class, "images": len(prompts), "seeds": list(seeds),
+            "batch": min(BATCH, len(prompts)),
             "seconds": round(time.perf_counter() - begin, 1), "workers": workers,
             "measures": [asdict(m) for m in entry.measures], "ceiling": entry.ceiling_label,
             "settings": {k: asdict(v) for k, v in by_label.items()}, "results": rows, "heldout": heldout,
@@ -229,14 +235,29 @@ def measures_of(result: dict) -> list[Measure]:
     return [Measure(**m) for m in result["measures"]]
 
 
+def cited(result: dict) -> list[str]:
+    """The rows a frontier table shows: ar (the reference), the Pareto set, and every setting the summary lines
+    name (the fewest passes inside ar's band, the best lossless), in order of passes."""
+    rows = result["results"]
+    named = ["ar", *result["pareto"], result.get("fewest_inside_ar_band"), result.get("best_lossless")]
+    return sorted({label for label in named if label in rows}, key=lambda label: rows[label]["passes"]["mean"])
+
+
+def _batch_header(result: dict) -> str:
+    """"passes / batch of N", or "of up to N" when the last batch is smaller."""
+    batch = result.get("batch", BATCH)
+    return f"passes / batch of {'' if result.get('images', batch) % batch == 0 else 'up to '}{batch}"
+
+
 def format_table(result: dict, labels: list[str] | None = None) -> str:
-    """Markdown table of ``labels`` (default: the Pareto set), then the model's ceiling (held-out real images)."""
+    """Markdown table of ``labels`` (default: :func:`cited`: ar, the Pareto set and the settings the summary lines
+    name), then the model's ceiling (held-out real images)."""
     rows, measures = result["results"], measures_of(result)
     ar_passes = rows["ar"]["passes"]["mean"]
     pm = lambda r, k, f: f"{format(r[k]['mean'], f)} ± {format(r[k]['std'], f)}"  # noqa: E731
-    lines = ["| setting | passes / image | speed-up | passes / batch of 16 | distortion / token | "
+    lines = [f"| setting | passes / image | speed-up | {_batch_header(result)} | distortion / token | "
              + " | ".join(m.label for m in measures) + " |", "|---|---|---|---|---|" + "---|" * len(measures)]
-    for label in labels if labels is not None else result["pareto"]:
+    for label in labels if labels is not None else cited(result):
         r = rows[label]
         lines.append(f"| {label} | {pm(r, 'passes', '.1f')} | {ar_passes / r['passes']['mean']:.2f}x | "
                      f"{pm(r, 'batch_passes', '.1f')} | {pm(r, 'distortion', '.4f')} | "
@@ -288,13 +309,13 @@ def _blank(value) -> str:
 
 
 def save(result: dict, prefix: str) -> dict:
-    """Writes PREFIX.json, PREFIX.csv and PREFIX.png; returns their paths."""
-    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
-    paths = {ext: f"{prefix}.{ext}" for ext in ("json", "csv", "png")}
-    with open(paths["json"], "w") as f:
-        json.dump({**result, "pareto_table": format_table(result)}, f, indent=1)
-    write_csv(result, paths["csv"])
+    """Writes PREFIX.json, PREFIX.csv and PREFIX.png, all or none (:class:`~csd_kernels.fileio.outputs.Output`: a
+    failure leaves the earlier three as they were); returns their paths."""
     from .frontier_plot import plot
 
-    plot(result, paths["png"])
-    return paths
+    folder, stem = os.path.split(prefix)
+    with Output(folder or ".") as output:
+        output.write_json(f"{stem}.json", {**result, "table": format_table(result)}, indent=1)
+        write_csv(result, output.path(f"{stem}.csv"))
+        plot(result, output.path(f"{stem}.png"))
+    return {ext: f"{prefix}.{ext}" for ext in ("json", "csv", "png")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-FIXED_STYLE = {"ar": ("k", "*"), "sjd": ("tab:red", "s"), "sjd+maximal": ("tab:red", "D"),
+FIXED_STYLE = {"ar": ("k", "*"), "sjd+independent": ("tab:red", "s"), "sjd+maximal": ("tab:red", "D"),
                "sjd+gumbel": ("tab:red", "P"), "gsd": ("tab:orange", "X"), "sjd+maximal static": ("tab:purple", "X")}
 TAU_MARKERS = ("v", "o", "^", "<", ">", "h")
 TREE_COLOUR, TREE_MARKERS = "tab:purple", ("o", "s", "D", "^", "v", "p", "h", "*")  # draft trees: one marker per (K, D)
@@ -13,6 +13,14 @@ GSD_COLOUR = "tab:orange"  # gsd over its group (k, δ): one marker per k, light
 
 
 def plot(result: dict, path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(result)
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+
+
+def figure(result: dict):
     """One panel per quality measure. csd: colour = λ, shape = τ, filled = coupled next drafts, purple edge = a draft
     tree; sjd + tree: purple, one shape per tree; gsd (k, δ): orange; grey band = ar's mean ± std; dashed = the
     model's ceiling."""
@@ -33,6 +41,7 @@ def plot(result: dict, path: str) -> None:
         ax.set_ylabel(f"{m['axis']} ({'higher' if m['higher_is_better'] else 'lower'} is better)")
         if m["log_scale"]:
             ax.set_yscale("log")  # a collapsed setting is 100x worse than the rest; keep both readable
+            _plain_numbers(ax.yaxis)
     for lam, colour in colours.items():
         axes[0].plot([], [], "s", color=colour, label=f"csd λ={lam:g}")
     for tau, marker in markers.items():
@@ -43,8 +52,7 @@ def plot(result: dict, path: str) -> None:
     fig.suptitle(f"{result['model']}: forward passes vs quality (mean ± std over {len(result['seeds'])} seeds, "
                  f"{result['images']} images each)")
     fig.tight_layout(rect=(0, 0, 1 - 3.2 / (8 * len(measures)), 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def _panel(ax, result: dict, key: str, colours: dict, markers: dict) -> None:
@@ -75,5 +83,29 @@ def _panel(ax, result: dict, key: str, colours: dict, markers: dict) -> None:
             colour, marker = FIXED_STYLE.get(label, ("0.5", "o"))
             ax.errorbar(x, y, yerr=yerr, fmt=marker, color=colour, ms=9, lw=0.8, label=label)
     ax.set_xscale("log")
+    _plain_numbers(ax.xaxis)
     ax.set_xlabel("forward passes per image (log scale)")
     ax.grid(alpha=0.3, which="both")
+
+
+def _plain_numbers(axis) -> None:
+    """Tick labels of a log axis as plain numbers (9, 20, 300) on the ticks matplotlib labels (its minor ticks too,
+    when the axis spans less than a decade, where its own labels read "9×10⁰")."""
+    from matplotlib.ticker import Formatter
+
+    class Plain(Formatter):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def set_axis(self, axis):
+            super().set_axis(axis)
+            self.inner.set_axis(axis)
+
+        def set_locs(self, locs):
+            self.inner.set_locs(locs)
+
+        def __call__(self, value, pos=None):
+            return f"{value:g}" if self.inner(value, pos) else ""
+
+    axis.set_major_formatter(Plain(axis.get_major_formatter()))
+    axis.set_minor_formatter(Plain(axis.get_minor_formatter()))

@@ -14,7 +14,7 @@ import torch
 
 from .. import reference as ref
 from ..backends.compiled import compiled_extension, verify_rows
-from ..constants import DEFAULT_ENTROPY_COEF, DEFAULT_TVD_THRESHOLD
+from ..constants import DEFAULT_ENTROPY_COEF, DEFAULT_TVD_THRESHOLD, SEED_LIMIT
 from .checks import (
     SeedLike,
     check_device,
@@ -215,7 +215,7 @@ def verify(
     float32, draft_tokens [B, L] int32 or int64
     (-1 = no draft), draft_probs [B, L, V] float32 or None (one-hot drafts; strides may be 0 for a uniform q),
     uncond_logits like target_logits, start and positions [B] int (or an int for all rows),
-    seed an int in [0, 2^64) or an int64 tensor of 1 or B elements (B: one seed per row), offset an int in [0, 2^63)
+    seed an int in [0, 2^63) or an int64 tensor of 1 or B elements (B: one seed per row), offset an int in [0, 2^63)
     or an int64 tensor of 1 or B elements (B: one step-stream offset per row, row b uses offset[b]; values must lie
     in [0, 2^63)) (tensors keep the op CUDA-graph safe).
 
@@ -236,8 +236,8 @@ def verify(
     top_p, min_p = check_nucleus(top_p, min_p)
     start = _index_tensor("start", start, batch, device, high=length)
     positions = _index_tensor("positions", positions, batch, device)
-    seed = philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64)
-    offset = philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63)
+    seed = philox_word("seed", seed, device, allow_per_row=batch, limit=SEED_LIMIT)
+    offset = philox_word("offset", offset, device, allow_per_row=batch, limit=SEED_LIMIT)
     cfg_scale, temperature, top_k, rule_code, entropy_coef, tvd_threshold, coupling_code = scalars
     chosen = select_backend(backend, device)
     compiling = torch.compiler.is_compiling()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..frechet import frechet_distance
 from .world import CANVAS, CELL, COLOURS, SHAPES, Prompt, parse_prompt, render, sample_scene, scene_for, shape_mask
 
 MIN_AREA = 30  # pixels: the smallest object (a triangle of side 12.8) covers ~70
@@ -151,17 +152,6 @@ def features(images) -> np.ndarray:
     """[N, 48]: 8x8-pooled pixels on the first 48 principal axes of 2000 rendered scenes (seed 7)."""
     mean, axes = _basis()
     return (_pool(images) - mean) @ axes.T
-
-
-def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
-    """Fréchet distance between Gaussians fitted to two feature sets [N, D], [M, D]."""
-    from scipy import linalg
-
-    mu = a.mean(0) - b.mean(0)
-    ca, cb = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
-    covmean = linalg.sqrtm(ca @ cb)
-    covmean = covmean.real if np.iscomplexobj(covmean) else covmean
-    return float(mu @ mu + np.trace(ca + cb - 2 * covmean))
 
 
 def rendered_like(prompts, seed: int) -> list[np.ndarray]:

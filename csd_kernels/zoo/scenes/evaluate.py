@@ -11,13 +11,15 @@ same prompts rendered and passed through the tokenizer and back.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from ...fileio.outputs import OutputError
 from . import checker
 from .world import random_prompts
 
@@ -63,7 +65,25 @@ def save_grid(images: np.ndarray, path, ncol: int = 8) -> None:
     blank = np.zeros_like(images[0])  # fills the last row
     padded = list(images) + [blank] * (-len(images) % ncol)
     rows = [np.concatenate(padded[r:r + ncol], axis=1) for r in range(0, len(padded), ncol)]
-    Image.fromarray(np.concatenate(rows, axis=0)).save(path)
+    Image.fromarray(np.concatenate(rows, axis=0)).save(path, format="PNG")
+
+
+def write_outputs(results: dict, samples: np.ndarray, out: str | None, grid: str | None) -> list[str]:
+    """--out (the JSON) and --grid (the PNG), all or none: each folder's files are put in place once both are
+    written (a failure leaves the earlier ones as they were); returns the paths written."""
+    from ...fileio.outputs import Output
+
+    wanted = [(path, kind) for path, kind in ((out, "json"), (grid, "png")) if path]
+    with contextlib.ExitStack() as stack:
+        outputs = {folder: stack.enter_context(Output(folder))
+                   for folder in sorted({os.path.dirname(os.path.abspath(path)) for path, _ in wanted})}
+        for path, kind in wanted:
+            output = outputs[os.path.dirname(os.path.abspath(path))]
+            if kind == "json":
+                output.write(os.path.basename(path), json.dumps(results, indent=1))
+            else:
+                save_grid(samples, output.path(os.path.basename(path)))
+    return [path for path, _ in wanted]
 
 
 def main(argv=None) -> None:
@@ -81,10 +101,11 @@ def main(argv=None) -> None:
     torch.set_num_threads(a.threads)
     cfgs = tuple(float(v) for v in a.cfg.split(","))
     results, samples = evaluate(a.weights, cfgs, a.images, a.seed, a.top_k)
-    if a.out:
-        Path(a.out).write_text(json.dumps(results, indent=1))
-    if a.grid:
-        save_grid(samples[f"cfg{cfgs[0]:g}"][:32], a.grid)
+    try:
+        for path in write_outputs(results, samples[f"cfg{cfgs[0]:g}"][:32], a.out, a.grid):
+            print(f"wrote {path}")
+    except OutputError as exc:
+        raise SystemExit(f"{ap.prog}: error: {exc}") from None
 
 
 if __name__ == "__main__":

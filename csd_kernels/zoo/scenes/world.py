@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...fileio.inputs import quote
+
 CANVAS = 96  # pixels per side
 CELL = CANVAS // 3
 COLOURS = {
@@ -158,24 +160,26 @@ def parse_prompt(text: str) -> Prompt:
         on = _ON.match(part)
         if on:
             if background is not None:
-                raise ValueError(f"prompt {text!r}: the background is given twice")
+                raise ValueError(f"prompt {quote(text)}: the background is given twice")
             if on.group(1) not in BACKGROUNDS:
-                raise ValueError(f"prompt {text!r}: background {on.group(1)!r} is not one of {', '.join(BACKGROUNDS)}")
+                raise ValueError(f"prompt {quote(text)}: background {quote(on.group(1))} is not one of "
+                                 f"{', '.join(BACKGROUNDS)}")
             background = on.group(1)
             continue
         m = _OBJECT.match(part)
         if not m:
-            raise ValueError(f"prompt {text!r}: {part.strip()!r} is not 'COLOUR SHAPE CELL' or 'on BACKGROUND'")
+            which = "it" if part.strip() == text.strip().lower() else quote(part.strip())
+            raise ValueError(f"prompt {quote(text)}: {which} is not 'COLOUR SHAPE CELL' or 'on BACKGROUND'")
         colour, shape, cell = m.groups()
         for value, allowed, what in ((colour, COLOURS, "colour"), (shape, SHAPES, "shape"), (cell, CELLS, "cell")):
             if value not in allowed:
-                raise ValueError(f"prompt {text!r}: {what} {value!r} is not one of {', '.join(allowed)}")
+                raise ValueError(f"prompt {quote(text)}: {what} {quote(value)} is not one of {', '.join(allowed)}")
         objects.append((colour, shape, CELLS.index(cell)))
     if not 1 <= len(objects) <= MAX_OBJECTS:
-        raise ValueError(f"prompt {text!r}: a scene has 1 to {MAX_OBJECTS} objects, got {len(objects)}")
+        raise ValueError(f"prompt {quote(text)}: a scene has 1 to {MAX_OBJECTS} objects, got {len(objects)}")
     cells = [o[2] for o in objects]
     if len(set(cells)) != len(cells):
-        raise ValueError(f"prompt {text!r}: one object per cell")
+        raise ValueError(f"prompt {quote(text)}: one object per cell")
     return Prompt(tuple(sorted(objects, key=lambda o: o[2])), background)
 
 
