@@ -116,7 +116,9 @@ def adherence(images, prompts) -> float:
 
 
 def background_kind(image) -> str:
-    """'noise', 'gradient' or 'flat', from the pixels away from every object."""
+    """One of world.BACKGROUNDS, from the pixels away from every object: fine texture (the mean step between
+    neighbouring pixels) or not; if not, a vertical trend (gradient) or none (flat); if so, structure at the scale of
+    4x4 patches (none: noise) and, where there is, how much of it runs in one local direction (waves) or not (clouds)."""
     from scipy import ndimage
 
     px = _check_image(image)
@@ -125,12 +127,40 @@ def background_kind(image) -> str:
     grey = px.mean(-1)
     pair = bg[:, 1:] & bg[:, :-1]
     texture = np.abs(np.diff(grey, axis=1))[pair].mean() if pair.any() else 0.0
-    if texture > 4.0:
+    if texture <= FINE_TEXTURE:
+        return "gradient" if abs(_vertical_trend(grey, bg)) > 12.0 else "flat"
+    filled = np.where(bg, grey, grey[bg].mean() if bg.any() else 0.0)
+    blocks = filled.reshape(24, 4, 24, 4).mean((1, 3))
+    whole = bg.reshape(24, 4, 24, 4).all((1, 3))
+    if whole.sum() < 2 or blocks[whole].std() <= PATCH_STRUCTURE:
         return "noise"
+    return "waves" if _coherence(filled, bg) >= WAVE_COHERENCE else "clouds"
+
+
+FINE_TEXTURE = 4.0  # mean |step| between neighbouring grey pixels: flat and gradient 0, the textures 9-16
+PATCH_STRUCTURE = 5.2  # std of 4x4-patch means: noise 3.1-3.8, clouds and waves above 6.7 (rendered scenes)
+WAVE_COHERENCE = 0.8  # local orientation coherence: clouds 0.45-0.71, waves 0.90-0.98 (rendered scenes)
+
+
+def _vertical_trend(grey: np.ndarray, bg: np.ndarray) -> float:
     rows = np.array([grey[r][bg[r]].mean() if bg[r].any() else np.nan for r in range(CANVAS)])
     ok = ~np.isnan(rows)
-    trend = np.polyfit(np.arange(CANVAS)[ok], rows[ok], 1)[0] * CANVAS if ok.sum() > 2 else 0.0
-    return "gradient" if abs(trend) > 12.0 else "flat"
+    return float(np.polyfit(np.arange(CANVAS)[ok], rows[ok], 1)[0] * CANVAS) if ok.sum() > 2 else 0.0
+
+
+def _coherence(grey: np.ndarray, bg: np.ndarray) -> float:
+    """Energy-weighted mean of the local structure tensor's coherence (0: no direction, 1: one direction) over the
+    background, on the grey image blurred past its pixel noise."""
+    from scipy import ndimage
+
+    gy, gx = np.gradient(ndimage.gaussian_filter(grey, 2.0))
+    jxx, jyy, jxy = (ndimage.gaussian_filter(a, 4.0) for a in (gx * gx, gy * gy, gx * gy))
+    energy = jxx + jyy
+    coherence = np.sqrt((jxx - jyy) ** 2 + 4 * jxy ** 2) / np.maximum(energy, 1e-9)
+    inner = ndimage.binary_erosion(bg, iterations=4)
+    if not inner.any() or energy[inner].sum() <= 0:
+        return 0.0
+    return float(np.average(coherence[inner], weights=energy[inner]))
 
 
 def _pool(images) -> np.ndarray:
