@@ -34,6 +34,7 @@ def zoo_model(device=None, weights=None):
         where = "the shipped weights are not in the package" if weights is None else "--weights"
         raise ValueError(f"--model scenes: {where} ({folder} has no config.json and model.safetensors); train them "
                          "with python -m csd_kernels.zoo.scenes.train --out DIR and pass --weights DIR")
+    _check_vocabulary(folder, weights)
     tokenizer = load_tokenizer(folder if (folder / TOKENIZER_FILE).is_file() else None)
     lm = load_lm(folder) if device is None else load_lm(folder).to(device)
     model = ImageGPT(lm, image_token_range=(0, NUM_CODES), grid=GRID, null_token_id=NULL_TOKEN_ID,
@@ -45,8 +46,26 @@ def zoo_model(device=None, weights=None):
                 Measure("background_accuracy", "background", True, "background kind read from pixels"))
     return ZooModel("scenes", model, parse, defaults=GenerationConfig(cfg_scale=DEFAULT_CFG, top_k=DEFAULT_TOP_K),
                     quality=measure, heldout_quality=ceiling,
-                    prompt_help="objects 'COLOUR SHAPE CELL' separated by ';' and an optional 'on flat|gradient|noise'",
+                    prompt_help="objects 'COLOUR SHAPE CELL' separated by ';' and an optional "
+                                f"'on {'|'.join(BACKGROUNDS)}'",
                     measures=measures, ceiling_label="rendered scenes, tokenizer round trip")
+
+
+def _check_vocabulary(folder, weights) -> None:
+    """A model of another world (its prompt tokens laid out for other backgrounds) would read every prompt wrong."""
+    import json
+
+    from .model import VOCAB_SIZE
+
+    try:
+        vocab = json.loads((folder / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--model scenes: {folder / 'config.json'} is not readable JSON ({e})") from None
+    if vocab != VOCAB_SIZE:
+        where = "the shipped weights" if weights is None else f"--weights {folder}"
+        raise ValueError(f"--model scenes: {where} is a model of vocabulary {vocab}; this world's scenes model has "
+                         f"{VOCAB_SIZE} ({len(BACKGROUNDS)} backgrounds: {', '.join(BACKGROUNDS)}); retrain with "
+                         "python -m csd_kernels.zoo.scenes.train --out DIR")
 
 
 def _prompts_and_quality(tokenizer, device):

@@ -251,7 +251,12 @@ def format_prompt(prompt: Prompt) -> str:
     return text + (f"; on {prompt.background}" if prompt.background else "")
 
 
-def random_prompts(n: int, seed: int, with_background: bool = True) -> list[str]:
-    """``n`` prompt texts of a fixed mix (1-3 objects uniformly, every attribute uniform), deterministic in ``seed``."""
+def random_prompts(n: int, seed: int, with_background: bool = True, backgrounds: tuple[str, ...] | None = None) -> list[str]:
+    """``n`` prompt texts of a fixed mix (1-3 objects uniformly, every attribute uniform), deterministic in ``seed``;
+    ``backgrounds``: the kinds to cycle through in turn (default: each drawn uniformly from BACKGROUNDS)."""
+    for kind in backgrounds or ():
+        if kind not in BACKGROUNDS:
+            raise ValueError(f"background {kind!r} is not one of {', '.join(BACKGROUNDS)}")
     rng = np.random.default_rng(seed)
-    return [format_prompt(sample_scene(rng).prompt(with_background)) for _ in range(n)]
+    return [format_prompt(sample_scene(rng, background=backgrounds[i % len(backgrounds)] if backgrounds else None)
+                          .prompt(with_background)) for i in range(n)]
