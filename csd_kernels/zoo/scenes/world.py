@@ -39,12 +39,12 @@ SIZE_RANGE = (0.4, 0.8)  # diameter or side, as a fraction of the cell's width
 MAX_OBJECTS = 3
 # The textures: (period px, amplitude in grey levels) per octave of the clouds' value noise; the waves' period range,
 # amplitude range and the strength (radians) and scale (px) of the noise that warps their phase; fine pixel noise.
-CLOUD_OCTAVES = ((24.0, 16.0), (12.0, 10.0), (6.0, 6.0))
+CLOUD_OCTAVES = ((24.0, 14.0), (12.0, 12.0), (6.0, 10.0))
 CLOUD_FINE_SIGMA = 9.0
 WAVE_PERIOD = (10.0, 28.0)
 WAVE_AMPLITUDE = (14.0, 22.0)
-WAVE_WARP, WAVE_WARP_PERIOD = 1.5, 24.0
-WAVE_FINE_SIGMA = 8.0
+WAVE_WARP, WAVE_WARP_PERIOD = 3.0, 8.0
+WAVE_FINE_SIGMA = 11.0
 
 __all__ = ["CANVAS", "CELL", "COLOURS", "SHAPES", "CELLS", "BACKGROUNDS", "TEXTURES", "BG_MAX", "BG_SPREAD", "SIZE_RANGE", "MAX_OBJECTS", "Obj",
            "Scene", "Prompt", "sample_scene", "render", "shape_mask", "parse_prompt", "format_prompt",
