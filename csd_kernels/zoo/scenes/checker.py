@@ -118,7 +118,8 @@ def adherence(images, prompts) -> float:
 def background_kind(image) -> str:
     """One of world.BACKGROUNDS, from the pixels away from every object: fine texture (the mean step between
     neighbouring pixels) or not; if not, a vertical trend (gradient) or none (flat); if so, structure at the scale of
-    4x4 patches (none: noise) and, where there is, how much of it runs in one local direction (waves) or not (clouds)."""
+    4x4 patches (none: noise) and, where there is, whether its values pile up at two extremes as a sine's do (waves)
+    or in the middle as a sum of noises' do (clouds)."""
     from scipy import ndimage
 
     px = _check_image(image)
@@ -134,12 +135,12 @@ def background_kind(image) -> str:
     whole = bg.reshape(24, 4, 24, 4).all((1, 3))
     if whole.sum() < 2 or blocks[whole].std() <= PATCH_STRUCTURE:
         return "noise"
-    return "waves" if _coherence(filled, bg) >= WAVE_COHERENCE else "clouds"
+    return "waves" if _band_kurtosis(filled, bg) < WAVE_KURTOSIS else "clouds"
 
 
 FINE_TEXTURE = 4.0  # mean |step| between neighbouring grey pixels: flat and gradient 0, the textures 9-16
 PATCH_STRUCTURE = 5.2  # std of 4x4-patch means: noise 3.1-3.8, clouds and waves above 6.7 (rendered scenes)
-WAVE_COHERENCE = 0.8  # local orientation coherence: clouds 0.45-0.71, waves 0.90-0.98 (rendered scenes)
+WAVE_KURTOSIS = 2.15  # of the band-passed grey: waves (a sine, however warped) 1.7-2.0, clouds 2.3-3.4 (rendered)
 
 
 def _vertical_trend(grey: np.ndarray, bg: np.ndarray) -> float:
@@ -148,19 +149,17 @@ def _vertical_trend(grey: np.ndarray, bg: np.ndarray) -> float:
     return float(np.polyfit(np.arange(CANVAS)[ok], rows[ok], 1)[0] * CANVAS) if ok.sum() > 2 else 0.0
 
 
-def _coherence(grey: np.ndarray, bg: np.ndarray) -> float:
-    """Energy-weighted mean of the local structure tensor's coherence (0: no direction, 1: one direction) over the
-    background, on the grey image blurred past its pixel noise."""
+def _band_kurtosis(grey: np.ndarray, bg: np.ndarray) -> float:
+    """Kurtosis of the background's grey level between the pixel noise and the large scale (blurred by 1.5 px, minus
+    its blur by 8 px): a sine's values pile up at its two extremes (kurtosis 1.5), a sum of noises' in the middle (3)."""
     from scipy import ndimage
 
-    gy, gx = np.gradient(ndimage.gaussian_filter(grey, 2.0))
-    jxx, jyy, jxy = (ndimage.gaussian_filter(a, 4.0) for a in (gx * gx, gy * gy, gx * gy))
-    energy = jxx + jyy
-    coherence = np.sqrt((jxx - jyy) ** 2 + 4 * jxy ** 2) / np.maximum(energy, 1e-9)
-    inner = ndimage.binary_erosion(bg, iterations=4)
-    if not inner.any() or energy[inner].sum() <= 0:
-        return 0.0
-    return float(np.average(coherence[inner], weights=energy[inner]))
+    band = ndimage.gaussian_filter(grey, 1.5) - ndimage.gaussian_filter(grey, 8.0)
+    inner = ndimage.binary_erosion(bg, iterations=3)
+    if inner.sum() < 16:
+        return float("inf")
+    v = band[inner] - band[inner].mean()
+    return float((v ** 4).mean() / max((v ** 2).mean() ** 2, 1e-12))
 
 
 def _pool(images) -> np.ndarray:
