@@ -81,8 +81,10 @@ def _scenes(device: Optional[torch.device] = None, weights: Optional[str] = None
 
 def measurement_prompts(name: str, per_class: Optional[int] = None, images: Optional[int] = None) -> list[str]:
     """The prompts a measurement of ``name`` generates (``csd sweep``): digits each class ``per_class`` times (default
-    8), scenes a fixed mix of ``images`` prompts (default 64; 1-3 objects uniformly, ``world.random_prompts(images,
-    seed=0)``). ValueError, one line, for a model without a quality measure or the flag that does not apply."""
+    8), scenes a fixed mix of ``images`` prompts on the textured backgrounds, clouds and waves in turn (default 64;
+    1-3 objects uniformly, ``world.random_prompts(images, seed=0, backgrounds=world.TEXTURES)``: the regime of real
+    image models, where a token depends on its neighbours). ValueError, one line, for a model without a quality
+    measure or the flag that does not apply."""
     if name == "digits":
         if images is not None:
             raise ValueError("--images does not apply to --model digits (its prompts are the ten classes): "
@@ -92,9 +94,9 @@ def measurement_prompts(name: str, per_class: Optional[int] = None, images: Opti
         if per_class is not None:
             raise ValueError("--per-class does not apply to --model scenes (it has no classes; its prompts are a "
                              "fixed mix): use --images N")
-        from .scenes import random_prompts
+        from .scenes.world import TEXTURES, random_prompts
 
-        return random_prompts(64 if images is None else images, seed=0)
+        return random_prompts(64 if images is None else images, seed=0, backgrounds=TEXTURES)
     raise ValueError(f"--model {name}: csd sweep needs a quality measure; only {' and '.join(MEASURED_MODELS)} "
                      "have one")
 

@@ -35,6 +35,7 @@ def zoo_model(device=None, weights=None):
     flag = "--weights" if weights is not None else "--model scenes: the shipped weights,"
     check_folder(str(folder), flag, "a scenes model folder (config.json, model.safetensors; train one with python -m "
                  "csd_kernels.zoo.scenes.train --out DIR)", ("config.json", "model.safetensors"))
+    _check_vocabulary(folder, flag)
     own = (folder / TOKENIZER_FILE).is_file()
     tokenizer = load_tokenizer(folder if own else None, flag if own else "--model scenes: the shipped tokenizer,")
     lm = load_lm(folder, flag=flag) if device is None else load_lm(folder, flag=flag).to(device)
@@ -49,6 +50,19 @@ def zoo_model(device=None, weights=None):
                     quality=measure, heldout_quality=ceiling,
                     prompt_help=grammar(),
                     measures=measures, ceiling_label="rendered scenes, tokenizer round trip")
+
+
+def _check_vocabulary(folder, flag: str) -> None:
+    """A model of another world (its prompt tokens laid out for other backgrounds) would read every prompt wrong."""
+    from ...fileio.inputs import InputError, read_json
+    from .model import VOCAB_SIZE
+
+    path = str(folder / "config.json")
+    vocab = read_json(path, flag).get("vocab_size")
+    if vocab != VOCAB_SIZE:
+        raise InputError(flag, path, f"a model of vocabulary {vocab}; this world's scenes model has {VOCAB_SIZE} "
+                         f"({len(BACKGROUNDS)} backgrounds: {', '.join(BACKGROUNDS)}); retrain with python -m "
+                         "csd_kernels.zoo.scenes.train --out DIR")
 
 
 def _prompts_and_quality(tokenizer, device):
