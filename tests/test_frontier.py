@@ -62,6 +62,26 @@ def test_a_smaller_grid_keeps_the_chosen_sjd_couplings():
     assert grid[1].generate_kwargs() == dict(mode="sjd", coupling="maximal")
 
 
+def test_windows_repeat_the_chain_settings():
+    """--windows 32: sjd (each coupling) and csd again at W 32, labelled, the window passed to generate()."""
+    grid = frontier.settings((0.5,), (0.65,), ("maximal",), trees=(), sjd_couplings=("independent", "maximal"),
+                             windows=(32,))
+    assert [s.label for s in grid if s.window] == ["sjd+independent W32", "sjd+maximal W32",
+                                                  "csd+maximal λ=0.5 τ=0.65 W32"]
+    assert grid[-1].generate_kwargs() == dict(mode="csd", coupling="maximal", entropy_coef=0.5, tvd_threshold=0.65,
+                                              window=32)
+    assert "window" not in grid[1].generate_kwargs()  # the model's own window
+
+
+def test_summarise_carries_the_images_standard_error():
+    records = [{"passes": 100.0, "passes_se": 3.0, "row_passes": [99.0, 101.0], "adherence": 0.5},
+               {"passes": 110.0, "passes_se": 4.0, "row_passes": [109.0, 111.0], "adherence": 0.7}]
+    summary = frontier.summarise(records)
+    assert summary["passes"] == {"mean": 105.0, "std": 5.0, "se": 2.5}  # sqrt(3² + 4²) / 2
+    assert summary["adherence"] == pytest.approx({"mean": 0.6, "std": 0.1})
+    assert set(summary) == {"passes", "adherence"}
+
+
 def test_pareto_and_answers():
     rows = {"ar": _row(256, 0.90, 10.0, std=0.02),  # band: accuracy >= 0.88, Fréchet <= 10.02
             "a": _row(80, 0.89, 10.0),  # 3.2x, inside the band
@@ -84,7 +104,7 @@ def test_small_sweep(tmp_path):
             Setting("sjd+maximal+tree 3x2", "sjd", "maximal", tree=(3, 2))]
     result = frontier.sweep("digits", per_class=1, seeds=(0, 1), workers=1, grid=grid, classes=("1", "7"))
     rows = result["results"]
-    assert rows["ar"]["passes"] == {"mean": 256.0, "std": 0.0}
+    assert rows["ar"]["passes"] == {"mean": 256.0, "std": 0.0, "se": 0.0}
     # λ = 0 is strict verification: the same streams give the same passes and images as sjd with the same coupling
     per_seed = {(r["label"], r["seed"]): r for r in result["per_seed"]}
     for seed in (0, 1):

@@ -205,6 +205,19 @@ def test_frechet_separates_scenes_from_other_scenes():
     assert same < 0.5 * other
 
 
+def test_scene_quality_states_the_noise_of_each_measure():
+    """Each measure's standard error over the images: a share's from its 0/1 values (two of four images adhere: 0.5
+    ± sqrt(1/3)/2), the Fréchet distance's by a bootstrap over the images (zero for identical images)."""
+    prompts = [s.prompt() for s in scenes(4, seed=5)]
+    images = checker.rendered_like(prompts, seed=1)
+    wrong = [prompts[0], prompts[1], prompts[3], prompts[2]]  # the last two images under each other's prompts
+    quality = checker.scene_quality(images, wrong)
+    assert quality["adherence"] == 0.5 and quality["adherence_se"] == pytest.approx(np.sqrt(1 / 3) / 2)
+    assert quality["frechet_se"] > 0
+    same = checker.scene_quality([images[0]] * 4, [prompts[0]] * 4)
+    assert same["adherence_se"] == 0.0 and same["frechet_se"] == pytest.approx(0.0, abs=1e-9)
+
+
 # ----------------------------------------------------------------------------- the tokenizer
 @pytest.fixture(scope="module")
 def tokenizer():

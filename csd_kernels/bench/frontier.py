@@ -52,6 +52,7 @@ class Setting:
     static: bool = False  # the static loop (every row its own window); a tree implies it
     group_rank: int | None = None  # gsd only: the group (k, δ); None: generate()'s defaults
     group_delta: float | None = None
+    window: int | None = None  # None: the model's default window
 
     @property
     def lossless(self) -> bool:
@@ -67,20 +68,25 @@ class Setting:
             kwargs["tree"] = self.tree
         if self.group_rank is not None:
             kwargs.update(group_rank=self.group_rank, group_delta=self.group_delta)
+        if self.window is not None:
+            kwargs["window"] = self.window
         return kwargs
 
 
 def settings(lambdas=LAMBDAS, taus=TAUS, couplings=CSD_COUPLINGS, trees=TREES,
-             tree_modes=TREE_MODES, gsd=(), sjd_couplings=SJD_COUPLINGS) -> list[Setting]:
+             tree_modes=TREE_MODES, gsd=(), sjd_couplings=SJD_COUPLINGS, windows=()) -> list[Setting]:
     """ar, sjd (each next-draft coupling of ``sjd_couplings``: independent / maximal / gumbel), gsd (its defaults,
     then each (k, δ) of ``gsd`` but those), csd over couplings × λ × τ, then with trees the chain sjd+maximal in the
     static loop (the trees' loop: the like-for-like reference) and for each tree (K, D): sjd+maximal+tree and (csd in
-    tree_modes, maximal in couplings) csd+maximal+tree over λ × τ."""
+    tree_modes, maximal in couplings) csd+maximal+tree over λ × τ. Each window of ``windows`` repeats the sjd and
+    csd chain settings at that window (labels " W32"; the others run at the model's default window)."""
     fixed = [Setting("ar", "ar"), *(Setting(_label("sjd", c), "sjd", c) for c in sjd_couplings), Setting("gsd", "gsd")]
     fixed += [Setting(f"gsd k={k} δ={delta:g}", "gsd", group_rank=k, group_delta=delta) for k, delta in gsd
               if (k, delta) != (DEFAULT_GROUP_RANK, DEFAULT_GROUP_DELTA)]
     csd = [Setting(f"{_label('csd', c)} λ={lam:g} τ={tau:g}", "csd", c, lam, tau)
            for c in couplings for lam in lambdas for tau in taus]
+    csd += [Setting(f"{s.label} W{w}", s.mode, s.coupling, s.entropy_coef, s.tvd_threshold, window=w)
+            for w in windows for s in fixed[1:1 + len(sjd_couplings)] + csd]
     tree_sjd = [Setting(f"sjd+maximal+tree {k}x{d}", "sjd", "maximal", tree=(k, d))
                 for k, d in trees if "sjd" in tree_modes]
     if trees:
@@ -127,9 +133,12 @@ def run_setting(model_name: str, setting: Setting, seed: int, prompts: list[str]
         distortion.extend(out.distortion_per_row().tolist())
     wall = time.perf_counter() - begin
     quality = entry.quality(torch.cat(tokens), prompts)
+    noise = {f"{m.name}_se": quality[f"{m.name}_se"] for m in entry.measures if f"{m.name}_se" in quality}
     return {"passes": float(np.mean(row_passes)), "batch_passes": float(np.mean(batch_passes)),
             "distortion": float(np.mean(distortion)), **{m.name: quality[m.name] for m in entry.measures},
-            "wall_per_image": wall / len(prompts)}
+            "wall_per_image": wall / len(prompts),
+            "passes_se": float(np.std(row_passes, ddof=1) / np.sqrt(len(row_passes))), **noise,
+            "row_passes": [float(x) for x in row_passes]}
 
 
 def sweep(model_name: str = "digits", per_class: int = 8, seeds=(0, 1, 2), workers: int = 2,
@@ -174,9 +183,18 @@ def sweep(model_name: str = "digits", per_class: int = 8, seeds=(0, 1, 2), worke
 
 # ------------------------------------------------------------------------------------------------------ analysis
 def summarise(records: list[dict]) -> dict:
-    """{metric: {"mean", "std"}} over records (one per seed) that share their keys."""
-    return {key: {"mean": float(np.mean([r[key] for r in records])), "std": float(np.std([r[key] for r in records]))}
-            for key in records[0]}
+    """{metric: {"mean", "std"}} over records (one per seed) that share their keys, with "se" (the standard error
+    of the mean over the images of every seed) where a record carries ``metric_se``; lists (each row's passes) stay
+    in the per-seed records."""
+    out = {}
+    for key in records[0]:
+        if key.endswith("_se") or isinstance(records[0][key], list):
+            continue
+        values = [r[key] for r in records]
+        out[key] = {"mean": float(np.mean(values)), "std": float(np.std(values))}
+        if f"{key}_se" in records[0]:
+            out[key]["se"] = float(np.sqrt(sum(r[f"{key}_se"] ** 2 for r in records)) / len(records))
+    return out
 
 
 def inside_band(row: dict, ar: dict, measures) -> bool:
@@ -251,10 +269,12 @@ def _batch_header(result: dict) -> str:
 
 def format_table(result: dict, labels: list[str] | None = None) -> str:
     """Markdown table of ``labels`` (default: :func:`cited`: ar, the Pareto set and the settings the summary lines
-    name), then the model's ceiling (held-out real images)."""
+    name), then the model's ceiling (held-out real images); mean ± std over the seeds, or with one seed ± the
+    standard error over the images where the measure has one."""
     rows, measures = result["results"], measures_of(result)
     ar_passes = rows["ar"]["passes"]["mean"]
-    pm = lambda r, k, f: f"{format(r[k]['mean'], f)} ± {format(r[k]['std'], f)}"  # noqa: E731
+    spread = "se" if len(result.get("seeds", ())) == 1 else "std"  # one seed: the images' standard error
+    pm = lambda r, k, f: f"{format(r[k]['mean'], f)} ± {format(r[k].get(spread, r[k]['std']), f)}"  # noqa: E731
     lines = [f"| setting | passes / image | speed-up | {_batch_header(result)} | distortion / token | "
              + " | ".join(m.label for m in measures) + " |", "|---|---|---|---|---|" + "---|" * len(measures)]
     for label in labels if labels is not None else cited(result):

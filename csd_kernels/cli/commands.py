@@ -424,12 +424,12 @@ def _sweep_prompts(args) -> list[str]:
 
 def cmd_sweep(args) -> dict:
     """The speed-quality frontier (csd_kernels.bench.frontier): every mode, csd over --lambdas x --taus x --couplings,
-    gsd over --gsd-ranks x --gsd-deltas, sjd+maximal with each of --trees."""
+    gsd over --gsd-ranks x --gsd-deltas, sjd+maximal with each of --trees, the chain again at each of --windows."""
     from ..bench import frontier
 
     prompts = _sweep_prompts(args)
-    lambdas, taus, couplings, gsd = sweep_lists(args)  # (checked before torch loaded: parser.check_flags)
-    grid = frontier.settings(lambdas, taus, couplings, _trees(args.trees), gsd=gsd)
+    lambdas, taus, couplings, gsd, windows = sweep_lists(args)  # (checked before torch: parser.check_flags)
+    grid = frontier.settings(lambdas, taus, couplings, _trees(args.trees), gsd=gsd, windows=windows)
     check_out(os.path.dirname(args.out) or ".")
     _load(args)  # a missing or foreign checkpoint is one line, before any work
     with if_stopped(f"nothing was written to {os.path.dirname(args.out) or '.'}"):

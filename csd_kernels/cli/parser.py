@@ -162,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"csd couplings, any of {', '.join(COUPLINGS)} (default: independent,maximal)")
     sweep.add_argument("--trees", default="2x2,3x2", help="draft trees KxD of the sjd+maximal+tree settings, "
                        "comma-separated, or none (default: 2x2,3x2)")
+    sweep.add_argument("--windows", default=None,
+                       help="more draft windows, each an int >= 1: the sjd and csd chain settings again at each "
+                            "(labels ' W32'; default: none, the model's window only)")
     sweep.add_argument("--workers", type=int, default=2, help=_help("workers", "processes, one torch thread each", 2))
     sweep.add_argument("--out", default="out/sweep/frontier",
                        help="path prefix of the .json, .csv and .png (default: out/sweep/frontier)")
@@ -222,7 +225,7 @@ def check_flags(args: argparse.Namespace) -> None:
 def sweep_lists(args: argparse.Namespace) -> tuple:
     """csd sweep's lists, each value checked by the rule of the setting it sets (errors name the flag): (λs, τs,
     couplings, gsd (k, δ) pairs: --gsd-ranks x --gsd-deltas, one of them alone with generate()'s default for the
-    other)."""
+    other, windows)."""
     couplings = tuple(args.couplings.split(","))
     with as_flags(coupling="--couplings"):
         for coupling in couplings:
@@ -234,8 +237,9 @@ def sweep_lists(args: argparse.Namespace) -> tuple:
         deltas = _numbers(args.gsd_deltas, "--gsd-deltas", "group_delta") if args.gsd_deltas else (
             GenerationConfig().group_delta,)
         gsd = tuple((k, delta) for k in ranks for delta in deltas)
+    windows = _numbers(args.windows, "--windows", "window", int) if args.windows else ()
     return (_numbers(args.lambdas, "--lambdas", "entropy_coef"), _numbers(args.taus, "--taus", "tvd_threshold"),
-            couplings, gsd)
+            couplings, gsd, windows)
 
 
 def _numbers(text: str, flag: str, setting: str, kind=float) -> tuple:

@@ -192,12 +192,29 @@ def rendered_like(prompts, seed: int) -> list[np.ndarray]:
 
 def scene_quality(images, prompts, seed: int = 0) -> dict:
     """Adherence, background accuracy (where the prompt names one) and the Fréchet distance to rendered scenes of
-    the same prompts (None for fewer than 2 images)."""
+    the same prompts (None for fewer than 2 images); each with its standard error over the images (``NAME_se``:
+    of a share, from its images' 0/1 values; of the Fréchet distance, a bootstrap over the generated images)."""
     parsed = [_prompt(p) for p in prompts]
-    named = [(im, p.background) for im, p in zip(images, parsed) if p.background]
-    out = {"adherence": adherence(images, parsed),
-           "background_accuracy": float(np.mean([background_kind(im) == b for im, b in named])) if named else None,
-           "frechet": None}
+    hits = [adheres(im, p) for im, p in zip(images, parsed)]
+    named = [background_kind(im) == p.background for im, p in zip(images, parsed) if p.background]
+    out = {"adherence": float(np.mean(hits)) if hits else float("nan"), "adherence_se": _share_se(hits),
+           "background_accuracy": float(np.mean(named)) if named else None, "frechet": None}
+    if named:
+        out["background_accuracy_se"] = _share_se(named)
     if len(images) >= 2:
-        out["frechet"] = frechet_distance(features(images), features(rendered_like(parsed, seed)))
+        ours, rendered = features(images), features(rendered_like(parsed, seed))
+        out["frechet"] = frechet_distance(ours, rendered)
+        out["frechet_se"] = _bootstrap_frechet_se(ours, rendered, seed)
     return out
+
+
+def _share_se(hits) -> float:
+    n = len(hits)
+    return float(np.std(hits, ddof=1) / np.sqrt(n)) if n >= 2 else float("nan")
+
+
+def _bootstrap_frechet_se(ours: np.ndarray, rendered: np.ndarray, seed: int, draws: int = 32) -> float:
+    """The spread of the distance over resamples of the generated images (the rendered reference held fixed)."""
+    rng = np.random.default_rng(seed)
+    n = len(ours)
+    return float(np.std([frechet_distance(ours[rng.integers(0, n, n)], rendered) for _ in range(draws)], ddof=1))
