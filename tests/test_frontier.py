@@ -295,6 +295,25 @@ def test_scenes_refuses_missing_weights(tmp_path, monkeypatch, capsys):
     assert "--weights" in err and "zoo.scenes.train" in err and err.count("\n") == 1
 
 
+def test_scenes_refuses_a_model_of_another_world(tmp_path, capsys):
+    """A model whose prompt vocabulary is another world's (the three-kind model: 4126 tokens) would read every
+    background token wrong: one line naming the flag, the file and the two vocabularies, exit 2."""
+    import shutil
+
+    from csd_kernels.zoo.scenes import model
+
+    for name in ("config.json", "model.safetensors", "tokenizer.safetensors"):
+        shutil.copy(model.WEIGHTS_DIR / name, tmp_path / name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": model.VOCAB_SIZE - 2}))
+    assert csd_main(["generate", "--model", "scenes", "--weights", str(tmp_path), "--prompt", "red circle top",
+                     "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"--weights {tmp_path / 'config.json'}: a model of vocabulary {model.VOCAB_SIZE - 2}" in err
+    assert f"has {model.VOCAB_SIZE} (5 backgrounds" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--model", "scenes", "--per-class", "2"], "--per-class does not apply to --model scenes"),
     (["--model", "digits", "--images", "20"], "--images does not apply to --model digits"),
