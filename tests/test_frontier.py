@@ -97,6 +97,18 @@ def test_pareto_and_answers():
     assert not frontier.inside_band(rows["b"], rows["ar"], DIGITS_MEASURES)
 
 
+def test_one_seed_band_is_ars_standard_error_over_the_images():
+    """With one seed the spread over seeds is 0: the band is then ar's mean ± its standard error over the images."""
+    ar = {"passes": {"mean": 256.0, "std": 0.0}, "accuracy": {"mean": 0.90, "std": 0.0, "se": 0.03},
+          "frechet": {"mean": 10.0, "std": 0.0, "se": 1.0}}
+    close = _row(80, 0.88, 10.5)
+    assert frontier.inside_band(close, ar, DIGITS_MEASURES, spread="se")
+    assert not frontier.inside_band(close, ar, DIGITS_MEASURES)  # by the seeds' spread (0): below ar's mean
+    assert not frontier.inside_band(_row(80, 0.86, 10.5), ar, DIGITS_MEASURES, spread="se")
+    grid = {"ar": Setting("ar", "ar"), "a": Setting("a", "csd", "maximal", 0.1, 0.3)}
+    assert frontier.answers({"ar": ar, "a": close}, grid, DIGITS_MEASURES, spread="se")["fast_inside_ar_band"] == ["a"]
+
+
 def test_small_sweep(tmp_path):
     grid = [Setting("ar", "ar"), Setting("sjd+maximal", "sjd", "maximal"),
             Setting("csd+maximal λ=0 τ=0.65", "csd", "maximal", 0.0, 0.65),
