@@ -22,8 +22,8 @@ def plot(result: dict, path: str) -> None:
 
 def figure(result: dict):
     """One panel per quality measure. csd: colour = λ, shape = τ, filled = coupled next drafts, purple edge = a draft
-    tree; sjd + tree: purple, one shape per tree; gsd (k, δ): orange; grey band = ar's mean ± std; dashed = the
-    model's ceiling."""
+    tree; sjd + tree: purple, one shape per tree; gsd (k, δ): orange; grey band = ar's mean ± std (one seed: ± its
+    standard error over the images); dashed = the model's ceiling."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -49,20 +49,23 @@ def figure(result: dict):
     axes[0].plot([], [], "o", color="0.4", label="filled: maximal coupling, hollow: independent")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="center right")
-    fig.suptitle(f"{result['model']}: forward passes vs quality (mean ± std over {len(result['seeds'])} seeds, "
-                 f"{result['images']} images each)")
+    spread = ("± standard error over the images" if len(result["seeds"]) == 1
+              else f"mean ± std over {len(result['seeds'])} seeds")
+    fig.suptitle(f"{result['model']}: forward passes vs quality ({spread}, {result['images']} images each)")
     fig.tight_layout(rect=(0, 0, 1 - 3.2 / (8 * len(measures)), 1))
     return fig
 
 
 def _panel(ax, result: dict, key: str, colours: dict, markers: dict) -> None:
+    spread = "se" if len(result["seeds"]) == 1 else "std"  # as frontier.answers' band
     ar = result["results"]["ar"][key]
-    ax.axhspan(ar["mean"] - ar["std"], ar["mean"] + ar["std"], color="0.85", zorder=0, label="ar mean ± std")
+    width = ar.get(spread, ar["std"])
+    ax.axhspan(ar["mean"] - width, ar["mean"] + width, color="0.85", zorder=0, label=f"ar mean ± {spread}")
     if result.get("heldout"):
         ax.axhline(result["heldout"][key]["mean"], color="0.3", ls="--", lw=1, label=result["ceiling"])
     for label, r in result["results"].items():
         s = result["settings"][label]
-        x, y, yerr = r["passes"]["mean"], r[key]["mean"], r[key]["std"]
+        x, y, yerr = r["passes"]["mean"], r[key]["mean"], r[key].get(spread, r[key]["std"])
         if s["mode"] == "csd":
             colour = colours[s["entropy_coef"]]
             face = colour if s["coupling"] != "independent" else "none"
