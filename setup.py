@@ -35,6 +35,9 @@ ZOO_MODELS = ("digits", "scenes")  # csd_kernels.zoo.<name>: code, weights/ (pac
 # setuptools' notice after every editable install (`pip install -e .`, scripts/install.sh) that a folder named like the
 # package in the working directory would be imported first: information on editable installs, nothing to fix here
 warnings.filterwarnings("ignore", message=r"Editable installation\.")
+# torch warns when it is imported without numpy (a fresh environment installs numpy with this package, after this
+# build has imported torch); the build itself uses no numpy
+warnings.filterwarnings("ignore", message=r"Failed to initialize NumPy")
 
 
 def _cuda_wanted(torch, cuda_home):
@@ -190,7 +193,12 @@ if __name__ == "__main__":  # as pip and `python setup.py` run it; tests/test_pa
             "test": TEST,
             "all": sorted(set(CLI + ["triton"])),
         },
-        entry_points={"console_scripts": ["csd = csd_kernels.cli:main"]},
+        entry_points={
+            "console_scripts": ["csd = csd_kernels.cli:main"],
+            # off unless CSD_KERNELS_VLLM / CSD_KERNELS_SGLANG name a rule (docs/drop-in.md)
+            "vllm.general_plugins": ["csd_kernels = csd_kernels.integrations.vllm:register"],
+            "sglang.srt.plugins": ["csd_kernels = csd_kernels.integrations.sglang:register"],
+        },
         ext_modules=ext_modules,
         cmdclass=cmdclass,
         zip_safe=False,

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 . .venv/bin/activate
-PROMPT="red circle top-left; blue square center; yellow triangle bottom-right; on noise"
+PROMPT="red circle top-left; blue square center; yellow triangle bottom-right; on clouds"
 csd generate --model scenes --prompt "$PROMPT" --mode csd --num 16 --seed 0 --out out/demo/csd
 csd generate --model scenes --prompt "$PROMPT" --mode ar --num 16 --seed 0 --out out/demo/ar --quiet
 csd compare --model scenes --prompt "$PROMPT" --num 8 --seeds 1 --out out/demo/compare --quiet

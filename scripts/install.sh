@@ -9,6 +9,6 @@ TORCH_SPEC="${CSD_TORCH_SPEC:-torch==2.13.0}"
 . .venv/bin/activate
 pip install -q --upgrade pip setuptools wheel
 pip install -q "$TORCH_SPEC"
-pip install -q pybind11 ninja
+pip install -q pybind11 ninja numpy  # numpy before the build imports torch: no "Failed to initialize NumPy"
 pip install -q --no-build-isolation -e ".[test]"
 python -c "import csd_kernels, torch; print('csd_kernels', csd_kernels.__version__, 'torch', torch.__version__, 'backends', csd_kernels.available_backends())"

@@ -31,10 +31,13 @@ def test_shipped_model_generates_valid_images_for_every_class(digits):
     assert 0.0 <= metrics["accuracy"] <= 1.0 and np.isfinite(metrics["frechet"])
 
 
-def test_generate_writes_images_maps_and_stats(tmp_path):
+def test_generate_writes_images_maps_and_stats(tmp_path, capsys):
     out_dir = tmp_path / "gen"
     assert cli.main(["generate", "--model", "digits", "--prompt", "7", "--mode", "sjd", "--num", "3", "--seed", "1",
                      "--out", str(out_dir), "--quiet"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("sjd+maximal: 3 images, ")  # the run as the tables name it
+    assert printed[1] == f"wrote img_000.png … img_002.png (3 files), grid.png, maps.png, stats.json to {out_dir}"
     names = sorted(os.listdir(out_dir))
     assert names == ["grid.png", "img_000.png", "img_001.png", "img_002.png", "maps.png", "stats.json"]
     assert Image.open(out_dir / "img_000.png").size == (32, 32)
@@ -44,9 +47,11 @@ def test_generate_writes_images_maps_and_stats(tmp_path):
     assert stats["tokens_per_pass"] == pytest.approx(256 / stats["forward_passes_per_image"])
     assert set(stats["timings"]) >= {"model", "verify", "rest", "total"}
     assert set(stats["quality"]) == {"accuracy", "frechet"}
+    # each pass count says what it counts (at B > 1 the batch's and the images' differ)
+    assert set(stats["notes"]) >= {"forward_passes", "forward_passes_per_image", "prefill_passes"}
 
 
-def test_generate_runs_a_tree(tmp_path, monkeypatch):
+def test_generate_runs_a_tree(tmp_path, monkeypatch, capsys):
     """--tree K,D reaches generate() (in the static loop) and stats.json records it."""
     calls = []
     real = commands.generate
@@ -56,6 +61,7 @@ def test_generate_runs_a_tree(tmp_path, monkeypatch):
     assert cli.main(["generate", "--model", "digits", "--prompt", "7", "--mode", "sjd", "--num", "1", "--tree", "2,2",
                      "--out", str(out_dir), "--quiet"]) == 0
     assert calls[0]["tree"] == (2, 2) and calls[0]["static"] is True
+    assert capsys.readouterr().out.startswith("sjd+maximal: 1 image, ")  # (was "1 images")
     stats = json.loads((out_dir / "stats.json").read_text())
     assert stats["parameters"]["tree"] == [2, 2] and stats["parameters"]["static"] is True
     assert stats["forward_passes_per_image"] < 256
@@ -94,7 +100,7 @@ def test_compare_reports_every_run_and_writes_the_side_by_side(tmp_path, capsys)
     for label in report["results"]:
         assert label in table
     assert report["results"]["ar"]["passes"]["mean"] == 256 and report["results"]["ar"]["speedup"] == 1.0
-    assert report["results"]["sjd"]["distortion"]["mean"] == pytest.approx(0, abs=1e-6)
+    assert report["results"]["sjd+independent"]["distortion"]["mean"] == pytest.approx(0, abs=1e-6)
     assert Image.open(out_dir / "compare.png").size[1] > Image.open(out_dir / "compare.png").size[0] / 2
 
 
@@ -135,7 +141,7 @@ def test_bench_writes_json_csv_and_plot(tmp_path):
         (["generate", "--model", "digits", "--prompt", "12"], "class id 0..9"),
         (["generate", "--model", "digits", "--prompt", "seven"], "class id 0..9"),
         (["compare", "--model", "digits", "--prompt", "-1"], "class id 0..9"),
-        (["compare", "--model", "digits", "--prompt", "7", "--num", "1"], "--num: compare needs at least 2 images"),
+        (["compare", "--model", "digits", "--prompt", "7", "--num", "1"], "--num 1: expected an int in [2, 1024]"),
         (["generate", "--model", "digits", "--prompt", "7", "--out", "/proc/csd-out"], "--out"),
     ],
 )

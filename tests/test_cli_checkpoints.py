@@ -120,7 +120,7 @@ def test_janus_generate_and_compare(janus_dir, tmp_path):
     assert cli.main(["generate", *common, "--num", "2", "--out", str(tmp_path / "gen")]) == 0
     assert (tmp_path / "gen" / "img_000.png").exists()
     assert json.loads((tmp_path / "gen" / "stats.json").read_text())["parameters"]["cfg_scale"] == 5.0
-    assert cli.main(["compare", *common, "--num", "1", "--seeds", "1", "--out", str(tmp_path / "cmp")]) == 0
+    assert cli.main(["compare", *common, "--num", "2", "--seeds", "1", "--out", str(tmp_path / "cmp")]) == 0
 
 
 def test_run_takes_the_same_model_flags(llamagen_files, tmp_path):

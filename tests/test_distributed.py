@@ -197,7 +197,7 @@ def test_prompts_file_missing_or_empty_or_bad(env, tmp_path, capsys):
     assert "no prompts" in _error(capsys, args)
     (tmp_path / "bad.txt").write_text("1\n12\n")
     args[args.index("--prompts") + 1] = str(tmp_path / "bad.txt")
-    assert "prompt 1 ('12')" in _error(capsys, args)
+    assert "line 2: prompt '12': the digits model takes a class id 0..9" in _error(capsys, args)
     assert "unknown mode" in _error(capsys, run_args(env, tmp_path / "o", modes="ar,fast"))
     assert not (tmp_path / "o" / D.LOCK).exists()
 

@@ -26,8 +26,9 @@ def test_grid():
     assert len({s.label for s in grid}) == len(grid)
     chain_csd = [s.label for s in grid if s.mode == "csd" and s.entropy_coef == 0.0 and s.tree is None]
     tree_csd = [s.label for s in grid if s.mode == "csd" and s.entropy_coef == 0.0 and s.tree is not None]
-    assert [s.label for s in grid if s.lossless] == ["ar", "sjd", "sjd+maximal", "sjd+gumbel"] + chain_csd + [
-        "sjd+maximal static", "sjd+maximal+tree 2x2", "sjd+maximal+tree 3x2"] + tree_csd
+    assert [s.label for s in grid if s.lossless] == ["ar", "sjd+independent", "sjd+maximal", "sjd+gumbel",
+                                                     *chain_csd, "sjd+maximal static", "sjd+maximal+tree 2x2",
+                                                     "sjd+maximal+tree 3x2", *tree_csd]
     assert len(tree_csd) == 2 * 3
     tree_rows = [s for s in grid if s.tree is not None or s.static]
     assert tree_rows[0].generate_kwargs() == dict(mode="sjd", coupling="maximal", static=True)
@@ -78,6 +79,26 @@ def test_rule_grids_sweep_each_rule_over_its_own_parameters():
         frontier.rule_grids({"entropy_coeff": (0.1,)})
 
 
+def test_windows_repeat_the_chain_settings():
+    """--windows 32: sjd (each coupling) and csd again at W 32, labelled, the window passed to generate()."""
+    grid = frontier.settings((0.5,), (0.65,), ("maximal",), trees=(), sjd_couplings=("independent", "maximal"),
+                             windows=(32,))
+    assert [s.label for s in grid if s.window] == ["sjd+independent W32", "sjd+maximal W32",
+                                                  "csd+maximal λ=0.5 τ=0.65 W32"]
+    assert grid[-1].generate_kwargs() == dict(mode="csd", coupling="maximal", entropy_coef=0.5, tvd_threshold=0.65,
+                                              window=32)
+    assert "window" not in grid[1].generate_kwargs()  # the model's own window
+
+
+def test_summarise_carries_the_images_standard_error():
+    records = [{"passes": 100.0, "passes_se": 3.0, "row_passes": [99.0, 101.0], "adherence": 0.5},
+               {"passes": 110.0, "passes_se": 4.0, "row_passes": [109.0, 111.0], "adherence": 0.7}]
+    summary = frontier.summarise(records)
+    assert summary["passes"] == {"mean": 105.0, "std": 5.0, "se": 2.5}  # sqrt(3² + 4²) / 2
+    assert summary["adherence"] == pytest.approx({"mean": 0.6, "std": 0.1})
+    assert set(summary) == {"passes", "adherence"}
+
+
 def test_pareto_and_answers():
     rows = {"ar": _row(256, 0.90, 10.0, std=0.02),  # band: accuracy >= 0.88, Fréchet <= 10.02
             "a": _row(80, 0.89, 10.0),  # 3.2x, inside the band
@@ -93,6 +114,18 @@ def test_pareto_and_answers():
     assert not frontier.inside_band(rows["b"], rows["ar"], DIGITS_MEASURES)
 
 
+def test_one_seed_band_is_ars_standard_error_over_the_images():
+    """With one seed the spread over seeds is 0: the band is then ar's mean ± its standard error over the images."""
+    ar = {"passes": {"mean": 256.0, "std": 0.0}, "accuracy": {"mean": 0.90, "std": 0.0, "se": 0.03},
+          "frechet": {"mean": 10.0, "std": 0.0, "se": 1.0}}
+    close = _row(80, 0.88, 10.5)
+    assert frontier.inside_band(close, ar, DIGITS_MEASURES, spread="se")
+    assert not frontier.inside_band(close, ar, DIGITS_MEASURES)  # by the seeds' spread (0): below ar's mean
+    assert not frontier.inside_band(_row(80, 0.86, 10.5), ar, DIGITS_MEASURES, spread="se")
+    grid = {"ar": Setting("ar", "ar"), "a": Setting("a", "csd", "maximal", 0.1, 0.3)}
+    assert frontier.answers({"ar": ar, "a": close}, grid, DIGITS_MEASURES, spread="se")["fast_inside_ar_band"] == ["a"]
+
+
 def test_small_sweep(tmp_path):
     grid = [Setting("ar", "ar"), Setting("sjd+maximal", "sjd", "maximal"),
             Setting("csd+maximal λ=0 τ=0.65", "csd", "maximal", 0.0, 0.65),
@@ -100,7 +133,7 @@ def test_small_sweep(tmp_path):
             Setting("sjd+maximal+tree 3x2", "sjd", "maximal", tree=(3, 2))]
     result = frontier.sweep("digits", per_class=1, seeds=(0, 1), workers=1, grid=grid, classes=("1", "7"))
     rows = result["results"]
-    assert rows["ar"]["passes"] == {"mean": 256.0, "std": 0.0}
+    assert rows["ar"]["passes"] == {"mean": 256.0, "std": 0.0, "se": 0.0}
     # λ = 0 is strict verification: the same streams give the same passes and images as sjd with the same coupling
     per_seed = {(r["label"], r["seed"]): r for r in result["per_seed"]}
     for seed in (0, 1):
@@ -142,13 +175,14 @@ def test_sweep_bad_input(argv, message, capsys, tmp_path, monkeypatch):
 
 
 def test_digits_outputs_are_unchanged_by_the_measures():
-    """The measures refactor keeps digits' table, CSV columns, compare and run tables, text for text: the table of the
-    committed frontier (written by the code before it) and literals the code before it printed."""
+    """The measures refactor keeps digits' table, CSV columns, compare and run tables, text for text: the Pareto rows
+    of the committed frontier (written by the code before it) and literals the code printed (since then the tables
+    name sjd's and csd's coupling, show '-' for a measure without a value and say the default coupling)."""
     from csd_kernels.runner.summary import format_table as run_table
 
     result = json.load(open("docs/img/digits_frontier.json"))
     result.update(measures=[dataclasses.asdict(m) for m in DIGITS_MEASURES], ceiling="held-out real digits")
-    assert frontier.format_table(result) == result["pareto_table"]
+    assert frontier.format_table(result, labels=result["pareto"]) == result["pareto_table"]
     r = lambda mean, std: {"mean": mean, "std": std}  # noqa: E731
     results = {"ar": {"passes": r(256.0, 0.0), "wall": r(1.234, 0.05), "distortion": r(0.0, 0.0),
                       "accuracy": r(0.9625, 0.0125), "frechet": r(4.01, 0.33), "speedup": 1.0},
@@ -157,7 +191,9 @@ def test_digits_outputs_are_unchanged_by_the_measures():
     assert cli.format_compare(results, DIGITS_MEASURES) == (
         "run              passes/img speed-up       wall s distortion      accuracy       Fréchet\n" + "-" * 88 + "\n"
         "ar                256.0±0.0    1.00x    1.23±0.05     0.0000   0.963±0.013     4.01±0.33\n"
-        "csd+maximal        64.2±1.5    3.98x    0.40±0.01     0.0123   0.875±0.025     6.90±0.50")
+        "csd+maximal        64.2±1.5    3.98x    0.40±0.01     0.0123   0.875±0.025     6.90±0.50\n"
+        "sjd and csd draw their next drafts with the maximal coupling unless told otherwise (csd generate --mode csd "
+        "runs csd+maximal)")
     mode = lambda passes, std, speedup, wall, dist, **quality: {  # noqa: E731
         "images": 20, "forward_passes_per_image": r(passes, std), "speedup_vs_ar": speedup, "wall_seconds": wall,
         "wall_seconds_per_image": wall / 20, "mean_distortion": dist, **quality}
@@ -165,10 +201,11 @@ def test_digits_outputs_are_unchanged_by_the_measures():
                "per_mode": {"ar": mode(256.0, 0.0, 1.0, 11.5, 0.0, accuracy=0.95, frechet=4.25),
                             "csd": mode(64.3, 3.2, 3.98, 3.5, 0.0123, accuracy=0.85)}}
     assert run_table(summary) == (
-        "mode    images       passes/img  speed-up    wall s    s/img distortion  accuracy   Fréchet\n"
-        + "-" * 91 + "\n"
-        "ar          20     256.0±0.0        1.00x     11.50    0.575     0.0000     0.950      4.25\n"
-        "csd         20      64.3±3.2        3.98x      3.50    0.175     0.0123     0.850       nan\n"
+        "mode         images       passes/img  speed-up    wall s    s/img distortion   accuracy    Fréchet\n"
+        + "-" * 98 + "\n"
+        "ar               20     256.0±0.0        1.00x     11.50    0.575     0.0000      0.950       4.25\n"
+        "csd+maximal      20      64.3±3.2        3.98x      3.50    0.175     0.0123      0.850          -\n"
+        "-: no value of Fréchet for these images and prompts\n"
         "(1 process(es); wall s = generation seconds summed over ranks; speed-up = ar passes / passes per image)")
 
 
@@ -260,8 +297,9 @@ def test_scenes_sweep_end_to_end(tiny_scenes, small_basis, tmp_path, capsys):
     assert [m["name"] for m in result["measures"]] == ["adherence", "frechet", "background_accuracy"]
     assert result["images"] == 2 and result["per_class"] is None and result["ceiling"].startswith("rendered scenes")
     rows = result["results"]
-    assert list(rows) == ["ar", "sjd", "sjd+maximal", "sjd+gumbel", "gsd", "gsd k=4 δ=0.15", "csd+maximal λ=0.5 τ=0.65"]
-    assert rows["ar"]["passes"]["mean"] == 576 and rows["sjd"]["distortion"]["mean"] == 0.0
+    assert list(rows) == ["ar", "sjd+independent", "sjd+maximal", "sjd+gumbel", "gsd", "gsd k=4 δ=0.15",
+                          "csd+maximal λ=0.5 τ=0.65"]
+    assert rows["ar"]["passes"]["mean"] == 576 and rows["sjd+independent"]["distortion"]["mean"] == 0.0
     assert rows["gsd k=4 δ=0.15"]["passes"] != rows["gsd"]["passes"]  # its own group, not gsd's defaults
     assert result["settings"]["gsd k=4 δ=0.15"]["group_rank"] == 4
     assert result["heldout"]["adherence"]["mean"] == 1.0  # two rendered scenes read back exactly
@@ -279,14 +317,33 @@ def test_scenes_refuses_missing_weights(tmp_path, monkeypatch, capsys):
     from csd_kernels.zoo.scenes import model
 
     monkeypatch.setattr(model, "WEIGHTS_DIR", tmp_path)  # the package without its trained weights
-    with pytest.raises(ValueError, match="shipped weights are not in the package .* python -m "
-                                         "csd_kernels.zoo.scenes.train --out DIR") as e:
+    with pytest.raises(ValueError, match="the shipped weights, .*: no config.json and no model.safetensors in the "
+                                         "folder .*python -m csd_kernels.zoo.scenes.train --out DIR") as e:
         zoo.load("scenes")
     assert "\n" not in str(e.value)
     assert csd_main(["generate", "--model", "scenes", "--weights", str(tmp_path), "--prompt", "red circle top",
                      "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "--weights" in err and "zoo.scenes.train" in err and err.count("\n") == 1
+
+
+def test_scenes_refuses_a_model_of_another_world(tmp_path, capsys):
+    """A model whose prompt vocabulary is another world's (the three-kind model: 4126 tokens) would read every
+    background token wrong: one line naming the flag, the file and the two vocabularies, exit 2."""
+    import shutil
+
+    from csd_kernels.zoo.scenes import model
+
+    for name in ("config.json", "model.safetensors", "tokenizer.safetensors"):
+        shutil.copy(model.WEIGHTS_DIR / name, tmp_path / name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": model.VOCAB_SIZE - 2}))
+    assert csd_main(["generate", "--model", "scenes", "--weights", str(tmp_path), "--prompt", "red circle top",
+                     "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"--weights {tmp_path / 'config.json'}: a model of vocabulary {model.VOCAB_SIZE - 2}" in err
+    assert f"has {model.VOCAB_SIZE} (5 backgrounds" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -296,8 +353,8 @@ def test_scenes_refuses_missing_weights(tmp_path, monkeypatch, capsys):
     (["--gsd-ranks", "0"], "--gsd-ranks 0: expected an int >= 1"),
     (["--gsd-ranks", "4.5"], "--gsd-ranks: expected comma-separated numbers"),
     (["--gsd-deltas", "0.1,-1"], "--gsd-deltas -1.0: expected a finite number >= 0"),
-    (["--model", "digits", "--weights", "/nowhere"], "--model digits ships its weights: --weights do not apply"),
-    (["--model", "scenes", "--weights", "/nowhere"], "--model scenes: --weights (/nowhere has no config.json"),
+    (["--model", "digits", "--weights", "/nowhere"], "--model digits ships its weights: --weights does not apply"),
+    (["--model", "scenes", "--weights", "/nowhere"], "--weights /nowhere: no such folder; expected a scenes model"),
 ])
 def test_sweep_bad_flags_for_scenes(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(frontier, "sweep", lambda *args, **kwargs: pytest.fail("the sweep ran before the check"))

@@ -132,9 +132,9 @@ def test_int_seed_and_offset_need_no_host_sync(backend, monkeypatch):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        got = ck.verify(both[0::2], drafts, q, seed=2**64 - 1, offset=2**40, **kwargs)
+        got = ck.verify(both[0::2], drafts, q, seed=2**63 - 1, offset=2**40, **kwargs)  # the largest seed
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    seed = torch.tensor([-1], device="cuda")  # the int64 bit pattern of 2**64 - 1
+    seed = torch.tensor([2**63 - 1], device="cuda")
     expected = ck.verify(both[0::2], drafts, q, seed=seed, offset=torch.tensor([2**40], device="cuda"), **kwargs)
     assert torch.equal(got.tokens, expected.tokens) and torch.equal(got.accept_len, expected.accept_len)

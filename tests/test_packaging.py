@@ -124,7 +124,8 @@ def test_a_stamp_of_other_sources_or_another_build_is_not_current(tmp_path):
 
 def test_a_wheel_reuses_the_current_extension_ships_the_weights_and_warns_nothing(tmp_path):
     """pip's build of a tree whose extension is current: no compiler run (the fake ninja would fail it), no
-    setuptools warning, and the wheel holds that extension, every weights file and the models' READMEs."""
+    setuptools warning, and the wheel holds that extension, every weights file, the models' READMEs, the
+    custom_generate folder and the plugin entry points."""
     tree = _tree(tmp_path)
     result = _build([sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
                      "-w", str(tmp_path / "wheels"), "."], tree)
@@ -136,11 +137,16 @@ def test_a_wheel_reuses_the_current_extension_ships_the_weights_and_warns_nothin
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         assert archive.read(BUILT) == b"a current extension"
+        entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     data = {str(path.relative_to(tree)) for path in (tree / "csd_kernels" / "zoo").rglob("*")
             if path.is_file() and path.suffix not in (".py", ".pyc")}
     assert {"csd_kernels/zoo/digits/weights/model.safetensors", "csd_kernels/zoo/digits/README.md"} <= data
     assert data <= names
     assert "csd_kernels/_C.stamp" not in names
+    # transformers' generate(custom_generate=...) folder, and the engines' plugin entry points (docs/drop-in.md)
+    assert "csd_kernels/integrations/custom_generate_repo/custom_generate/generate.py" in names
+    assert "[vllm.general_plugins]\ncsd_kernels = csd_kernels.integrations.vllm:register" in entry_points
+    assert "[sglang.srt.plugins]\ncsd_kernels = csd_kernels.integrations.sglang:register" in entry_points
 
 
 def test_an_editable_build_reuses_the_extension_until_a_source_changes(tmp_path):

@@ -61,9 +61,40 @@ def test_objects_stay_inside_their_cells():
 
 
 def test_backgrounds_are_dark_and_unsaturated():
-    for s in scenes(60, seed=2):
+    for s in scenes(100, seed=2):
         bg = world.render(dataclasses.replace(s, objects=())).astype(float)
         assert bg.mean() < 90 and np.abs(bg - bg.mean(-1, keepdims=True)).mean() < 10
+        if s.background in world.TEXTURES:
+            assert bg.max() <= world.BG_MAX and (bg.max(-1) - bg.min(-1)).max() <= world.BG_SPREAD + 1  # + rounding
+
+
+def _patch_means(kind: str, n: int = 12) -> np.ndarray:
+    rng = np.random.default_rng(17)
+    scenes = [dataclasses.replace(world.sample_scene(rng, background=kind), objects=()) for _ in range(n)]
+    grey = [world.render(scene).astype(float).mean(-1) for scene in scenes]
+    return np.stack(grey).reshape(n, 24, 4, 24, 4).mean((2, 4))  # [n, 24, 24]: one value per token's patch
+
+
+@pytest.mark.parametrize("kind", ["noise", *world.TEXTURES])
+def test_texture_patches_depend_on_their_neighbours_and_noise_patches_do_not(kind):
+    # The point of clouds and waves: a token's patch is predictable from the patches before it (as in real images),
+    # while the noise background is i.i.d. per pixel. R^2 of a least-squares prediction of each 4x4-patch mean from
+    # its two left and two upper neighbours and the upper-left one, pooled over images (each centred).
+    m = _patch_means(kind)
+    m = m - m.mean((1, 2), keepdims=True)
+    y = m[:, 2:, 2:].ravel()
+    x = np.stack([m[:, 2:, 1:-1], m[:, 2:, :-2], m[:, 1:-1, 2:], m[:, :-2, 2:], m[:, 1:-1, 1:-1]], -1).reshape(-1, 5)
+    coef = np.linalg.lstsq(x, y, rcond=None)[0]
+    r2 = 1 - (y - x @ coef).var() / y.var()
+    assert (r2 > 0.25) if kind in world.TEXTURES else (r2 < 0.05), r2  # clouds 0.86, waves 0.34, noise 0.001
+
+
+def test_textures_are_random_per_image_and_fixed_by_the_seed():
+    rng = np.random.default_rng(5)
+    for kind in world.TEXTURES:
+        a, b = (world.sample_scene(rng, background=kind) for _ in range(2))
+        assert np.array_equal(world.render(a), world.render(dataclasses.replace(a)))
+        assert np.abs(world.render(a).astype(int) - world.render(dataclasses.replace(b, objects=a.objects))).mean() > 5
 
 
 # ----------------------------------------------------------------------------- the prompt grammar
@@ -172,6 +203,19 @@ def test_frechet_separates_scenes_from_other_scenes():
             for s in scenes(120, seed=21)]
     same, other = checker.frechet_distance(a, b), checker.frechet_distance(a, checker.features(flat))
     assert same < 0.5 * other
+
+
+def test_scene_quality_states_the_noise_of_each_measure():
+    """Each measure's standard error over the images: a share's from its 0/1 values (two of four images adhere: 0.5
+    ± sqrt(1/3)/2), the Fréchet distance's by a bootstrap over the images (zero for identical images)."""
+    prompts = [s.prompt() for s in scenes(4, seed=5)]
+    images = checker.rendered_like(prompts, seed=1)
+    wrong = [prompts[0], prompts[1], prompts[3], prompts[2]]  # the last two images under each other's prompts
+    quality = checker.scene_quality(images, wrong)
+    assert quality["adherence"] == 0.5 and quality["adherence_se"] == pytest.approx(np.sqrt(1 / 3) / 2)
+    assert quality["frechet_se"] > 0
+    same = checker.scene_quality([images[0]] * 4, [prompts[0]] * 4)
+    assert same["adherence_se"] == 0.0 and same["frechet_se"] == pytest.approx(0.0, abs=1e-9)
 
 
 # ----------------------------------------------------------------------------- the tokenizer

@@ -180,12 +180,13 @@ def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, rule="csd", coupl
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("seed, offset", [(5, 3), (2**64 - 2**40 - 7, 2**40 + 5)])  # int32-sized, int64 words
+@pytest.mark.parametrize("seed, offset", [(5, 3), (2**64 - 2**40 - 7, 2**40 + 5)])  # int32-sized, int64 words (a
+# negative one: what an int64 seed tensor may hold; ck.verify takes int seeds in [0, 2^63))
 def test_int_seed_and_offset_words_match_reference(path, seed, offset):
     """Int seeds / offsets reach the kernels as arguments (SEED_VALUE / OFFSET_VALUE), not tensors: the same streams,
     also for a seed >= 2^63 (a negative int64 word) and an offset past int32."""
     case = make_case(2, 4, 300, q="dense", gen_seed=5)
-    word = seed - 2**64 if seed >= 2**63 else seed  # the bit pattern ops.verify hands the launch
+    word = seed - 2**64 if seed >= 2**63 else seed  # the int64 bit pattern
     case["seed"], case["offset"] = torch.tensor([word]), torch.tensor([offset])  # for the reference
     for coupling in (0, 2):  # gumbel reads the seed in the split path's first kernel too
         got, expected = run_both(case, coupling=coupling, path=path, words=(word, offset))

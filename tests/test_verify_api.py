@@ -36,7 +36,7 @@ def _inputs(batch=2, length=3, vocab=5, seed=0):
         (dict(coupling="best"), "coupling"),
         (dict(cfg_scale=5.0), "cfg_scale"),
         (dict(seed=-1), "seed"),
-        (dict(seed=1 << 64), "seed"),
+        (dict(seed=1 << 63), "seed"),  # a seed is an int64 >= 0 (as in generate and the CLI)
         (dict(seed=torch.tensor([1, 2, 3])), "seed"),
         (dict(offset=1 << 63), "offset"),
         (dict(offset=torch.tensor([1.0])), "offset"),

@@ -19,19 +19,19 @@ measured), ``pareto`` (labels), ``fast_inside_ar_band`` (labels), ``fewest_insid
 from __future__ import annotations
 
 import csv
-import json
+import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from ..config.acceptance import GRID_RULES, PARAMS, rule_named
-from ..config.generation import DEFAULT_COUPLING
+from ..config.generation import DEFAULT_COUPLING, run_label
 from ..config.modes import MODE_TABLE
 from ..constants import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
 from ..decoding.validation import TREE_MODES
+from ..fileio.outputs import Output
 from ..zoo import Measure
 
 LAMBDAS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -56,6 +56,7 @@ class Setting:
     group_rank: int | None = None  # gsd only: the group (k, δ); None: generate()'s defaults
     group_delta: float | None = None
     params: tuple = ()  # the other rules' parameters, (name, value) pairs (config/acceptance.py's names)
+    window: int | None = None  # None: the model's default window
 
     @property
     def lossless(self) -> bool:
@@ -79,6 +80,8 @@ class Setting:
             kwargs["tree"] = self.tree
         if self.group_rank is not None:
             kwargs.update(group_rank=self.group_rank, group_delta=self.group_delta)
+        if self.window is not None:
+            kwargs["window"] = self.window
         return kwargs
 
 
@@ -120,17 +123,22 @@ def rule_grids(values: dict) -> dict:
 
 
 def settings(lambdas=LAMBDAS, taus=TAUS, couplings=CSD_COUPLINGS, trees=TREES,
-             tree_modes=TREE_MODES, gsd=(), sjd_couplings=SJD_COUPLINGS, rules: dict | None = None) -> list[Setting]:
+             tree_modes=TREE_MODES, gsd=(), sjd_couplings=SJD_COUPLINGS, windows=(),
+             rules: dict | None = None) -> list[Setting]:
     """ar, sjd (each next-draft coupling of ``sjd_couplings``: independent / maximal / gumbel), gsd (its defaults,
     then each (k, δ) of ``gsd`` but those), csd over couplings × λ × τ, each rule of ``rules`` over its grid
     (rule_settings), then with trees the chain sjd+maximal in the
     static loop (the trees' loop: the like-for-like reference) and for each tree (K, D): sjd+maximal+tree and (csd in
-    tree_modes, maximal in couplings) csd+maximal+tree over λ × τ."""
+    tree_modes, maximal in couplings) csd+maximal+tree over λ × τ. Each window of ``windows`` repeats the sjd and
+    csd chain settings at that window (labels " W32"; the others run at the model's default window)."""
     fixed = [Setting("ar", "ar"), *(Setting(_label("sjd", c), "sjd", c) for c in sjd_couplings), Setting("gsd", "gsd")]
     fixed += [Setting(f"gsd k={k} δ={delta:g}", "gsd", group_rank=k, group_delta=delta) for k, delta in gsd
               if (k, delta) != (DEFAULT_GROUP_RANK, DEFAULT_GROUP_DELTA)]
     csd = [Setting(f"{_label('csd', c)} λ={lam:g} τ={tau:g}", "csd", c, lam, tau)
-           for c in couplings for lam in lambdas for tau in taus] + rule_settings(rules or {})
+           for c in couplings for lam in lambdas for tau in taus]
+    csd += [Setting(f"{s.label} W{w}", s.mode, s.coupling, s.entropy_coef, s.tvd_threshold, window=w)
+            for w in windows for s in fixed[1:1 + len(sjd_couplings)] + csd]
+    csd += rule_settings(rules or {})
     tree_sjd = [Setting(f"sjd+maximal+tree {k}x{d}", "sjd", "maximal", tree=(k, d))
                 for k, d in trees if "sjd" in tree_modes]
     if trees:
@@ -141,15 +149,19 @@ def settings(lambdas=LAMBDAS, taus=TAUS, couplings=CSD_COUPLINGS, trees=TREES,
 
 
 def _label(mode: str, coupling: str) -> str:
-    """A setting's name: the mode alone for independent next drafts, else mode+coupling (sjd, csd+maximal)."""
-    return mode if coupling == "independent" else f"{mode}+{coupling}"
+    """A setting's name: the mode and its next drafts' coupling (sjd+independent, csd+maximal): config's run_label."""
+    return run_label(mode, coupling)
 
 
 # ------------------------------------------------------------------------------------------------------- running
 def _init_worker() -> None:
+    import signal
+
     import torch
 
     torch.set_num_threads(1)  # one thread per process: the workers share the cores
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops them
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_setting(model_name: str, setting: Setting, seed: int, prompts: list[str], options: dict | None = None) -> dict:
@@ -173,9 +185,12 @@ def run_setting(model_name: str, setting: Setting, seed: int, prompts: list[str]
         distortion.extend(out.distortion_per_row().tolist())
     wall = time.perf_counter() - begin
     quality = entry.quality(torch.cat(tokens), prompts)
+    noise = {f"{m.name}_se": quality[f"{m.name}_se"] for m in entry.measures if f"{m.name}_se" in quality}
     return {"passes": float(np.mean(row_passes)), "batch_passes": float(np.mean(batch_passes)),
             "distortion": float(np.mean(distortion)), **{m.name: quality[m.name] for m in entry.measures},
-            "wall_per_image": wall / len(prompts)}
+            "wall_per_image": wall / len(prompts),
+            "passes_se": float(np.std(row_passes, ddof=1) / np.sqrt(len(row_passes))), **noise,
+            "row_passes": [float(x) for x in row_passes]}
 
 
 def sweep(model_name: str = "digits", per_class: int = 8, seeds=(0, 1, 2), workers: int = 2,
@@ -203,32 +218,44 @@ def sweep(model_name: str = "digits", per_class: int = 8, seeds=(0, 1, 2), worke
     if entry.heldout_quality:
         heldout = summarise([{m.name: entry.heldout_quality(prompts, seed)[m.name] for m in entry.measures}
                              for seed in seeds])
-    with ProcessPoolExecutor(workers, initializer=_init_worker) as pool:
-        done = list(pool.map(run_setting, [model_name] * len(jobs), *zip(*jobs), [prompts] * len(jobs),
-                             [options] * len(jobs)))
+    with multiprocessing.Pool(workers, initializer=_init_worker) as pool:  # leaving it stops the workers, on a
+        # failure or a signal too (the workers ignore SIGINT: this process answers it)
+        done = pool.starmap(run_setting, [(model_name, s, seed, prompts, options) for s, seed in jobs])
     by_label = {s.label: s for s in grid}
     rows = {label: summarise([r for (s, _), r in zip(jobs, done) if s.label == label]) for label in by_label}
     return {"model": model_name, "model_options": zoo.describe_options(options),
-            "per_class": None if given else per_class, "images": len(prompts), "seeds": list(seeds), "batch": BATCH,
+            "per_class": None if given else per_class, "images": len(prompts), "seeds": list(seeds),
+            "batch": min(BATCH, len(prompts)),
             "seconds": round(time.perf_counter() - begin, 1), "workers": workers,
             "measures": [asdict(m) for m in entry.measures], "ceiling": entry.ceiling_label,
             "settings": {k: asdict(v) for k, v in by_label.items()}, "results": rows, "heldout": heldout,
             "per_seed": [dict(label=s.label, seed=seed, **r) for (s, seed), r in zip(jobs, done)],
-            **answers(rows, by_label, entry.measures)}
+            **answers(rows, by_label, entry.measures, spread="se" if len(seeds) == 1 else "std")}
 
 
 # ------------------------------------------------------------------------------------------------------ analysis
 def summarise(records: list[dict]) -> dict:
-    """{metric: {"mean", "std"}} over records (one per seed) that share their keys."""
-    return {key: {"mean": float(np.mean([r[key] for r in records])), "std": float(np.std([r[key] for r in records]))}
-            for key in records[0]}
+    """{metric: {"mean", "std"}} over records (one per seed) that share their keys, with "se" (the standard error
+    of the mean over the images of every seed) where a record carries ``metric_se``; lists (each row's passes) stay
+    in the per-seed records."""
+    out = {}
+    for key in records[0]:
+        if key.endswith("_se") or isinstance(records[0][key], list):
+            continue
+        values = [r[key] for r in records]
+        out[key] = {"mean": float(np.mean(values)), "std": float(np.std(values))}
+        if f"{key}_se" in records[0]:
+            out[key]["se"] = float(np.sqrt(sum(r[f"{key}_se"] ** 2 for r in records)) / len(records))
+    return out
 
 
-def inside_band(row: dict, ar: dict, measures) -> bool:
-    """Quality inside ar's spread on every measure: >= ar's mean - std where higher is better, <= ar's mean + std
-    where lower is (over seeds)."""
-    return all(row[m.name]["mean"] >= ar[m.name]["mean"] - ar[m.name]["std"] if m.higher_is_better
-               else row[m.name]["mean"] <= ar[m.name]["mean"] + ar[m.name]["std"] for m in measures)
+def inside_band(row: dict, ar: dict, measures, spread: str = "std") -> bool:
+    """Quality inside ar's band on every measure: >= ar's mean - its spread where higher is better, <= ar's mean +
+    its spread where lower is. ``spread``: "std" over seeds, or "se" (one seed: the standard error over the images,
+    where the measure has one)."""
+    width = {m.name: ar[m.name].get(spread, ar[m.name]["std"]) for m in measures}
+    return all(row[m.name]["mean"] >= ar[m.name]["mean"] - width[m.name] if m.higher_is_better
+               else row[m.name]["mean"] <= ar[m.name]["mean"] + width[m.name] for m in measures)
 
 
 def _cost(r: dict, measures) -> np.ndarray:
@@ -270,11 +297,11 @@ def csd_vs_gsd(rows: dict, grid: dict, measures) -> dict:
             "csd_front_dominated_by": {c: [g for g in gsd if _dominates(key[g], key[c])] for c in front}}
 
 
-def answers(rows: dict, grid: dict, measures) -> dict:
+def answers(rows: dict, grid: dict, measures, spread: str = "std") -> dict:
     """The Pareto set, the settings >= SPEEDUP_TARGET fewer passes than ar inside ar's band, the one with the fewest
     passes inside it, the best lossless, csd against gsd."""
     ar = rows["ar"]
-    band = sorted((label for label, r in rows.items() if label != "ar" and inside_band(r, ar, measures)),
+    band = sorted((label for label, r in rows.items() if label != "ar" and inside_band(r, ar, measures, spread)),
                   key=lambda label: rows[label]["passes"]["mean"])
     fast = [label for label in band if ar["passes"]["mean"] / rows[label]["passes"]["mean"] >= SPEEDUP_TARGET]
     lossless = [label for label in rows if grid[label].lossless and label != "ar"]
@@ -290,14 +317,31 @@ def measures_of(result: dict) -> list[Measure]:
     return [Measure(**m) for m in result["measures"]]
 
 
+def cited(result: dict) -> list[str]:
+    """The rows a frontier table shows: ar (the reference), the Pareto set, and every setting the summary lines
+    name (the fewest passes inside ar's band, the best lossless), in order of passes."""
+    rows = result["results"]
+    named = ["ar", *result["pareto"], result.get("fewest_inside_ar_band"), result.get("best_lossless")]
+    return sorted({label for label in named if label in rows}, key=lambda label: rows[label]["passes"]["mean"])
+
+
+def _batch_header(result: dict) -> str:
+    """"passes / batch of N", or "of up to N" when the last batch is smaller."""
+    batch = result.get("batch", BATCH)
+    return f"passes / batch of {'' if result.get('images', batch) % batch == 0 else 'up to '}{batch}"
+
+
 def format_table(result: dict, labels: list[str] | None = None) -> str:
-    """Markdown table of ``labels`` (default: the Pareto set), then the model's ceiling (held-out real images)."""
+    """Markdown table of ``labels`` (default: :func:`cited`: ar, the Pareto set and the settings the summary lines
+    name), then the model's ceiling (held-out real images); mean ± std over the seeds, or with one seed ± the
+    standard error over the images where the measure has one."""
     rows, measures = result["results"], measures_of(result)
     ar_passes = rows["ar"]["passes"]["mean"]
-    pm = lambda r, k, f: f"{format(r[k]['mean'], f)} ± {format(r[k]['std'], f)}"  # noqa: E731
-    lines = ["| setting | passes / image | speed-up | passes / batch of 16 | distortion / token | "
+    spread = "se" if len(result.get("seeds", ())) == 1 else "std"  # one seed: the images' standard error
+    pm = lambda r, k, f: f"{format(r[k]['mean'], f)} ± {format(r[k].get(spread, r[k]['std']), f)}"  # noqa: E731
+    lines = [f"| setting | passes / image | speed-up | {_batch_header(result)} | distortion / token | "
              + " | ".join(m.label for m in measures) + " |", "|---|---|---|---|---|" + "---|" * len(measures)]
-    for label in labels if labels is not None else result["pareto"]:
+    for label in labels if labels is not None else cited(result):
         r = rows[label]
         lines.append(f"| {label} | {pm(r, 'passes', '.1f')} | {ar_passes / r['passes']['mean']:.2f}x | "
                      f"{pm(r, 'batch_passes', '.1f')} | {pm(r, 'distortion', '.4f')} | "
@@ -349,16 +393,15 @@ def _blank(value) -> str:
 
 
 def save(result: dict, prefix: str) -> dict:
-    """Writes PREFIX.json, PREFIX.csv, PREFIX.png (every setting) and PREFIX-rules.png (a curve per rule); returns
-    their paths."""
-    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
-    paths = {ext: f"{prefix}.{ext}" for ext in ("json", "csv", "png")}
-    paths["rules"] = f"{prefix}-rules.png"
-    with open(paths["json"], "w") as f:
-        json.dump({**result, "pareto_table": format_table(result)}, f, indent=1)
-    write_csv(result, paths["csv"])
+    """Writes PREFIX.json, PREFIX.csv, PREFIX.png (every setting) and PREFIX-rules.png (a curve per rule), all or
+    none (:class:`~csd_kernels.fileio.outputs.Output`: a failure leaves the earlier four as they were); returns their
+    paths."""
     from .frontier_plot import plot, plot_rules
 
-    plot(result, paths["png"])
-    plot_rules(result, paths["rules"])
-    return paths
+    folder, stem = os.path.split(prefix)
+    with Output(folder or ".") as output:
+        output.write_json(f"{stem}.json", {**result, "table": format_table(result)}, indent=1)
+        write_csv(result, output.path(f"{stem}.csv"))
+        plot(result, output.path(f"{stem}.png"))
+        plot_rules(result, output.path(f"{stem}-rules.png"))
+    return {**{ext: f"{prefix}.{ext}" for ext in ("json", "csv", "png")}, "rules": f"{prefix}-rules.png"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-FIXED_STYLE = {"ar": ("k", "*"), "sjd": ("tab:red", "s"), "sjd+maximal": ("tab:red", "D"),
+FIXED_STYLE = {"ar": ("k", "*"), "sjd+independent": ("tab:red", "s"), "sjd+maximal": ("tab:red", "D"),
                "sjd+gumbel": ("tab:red", "P"), "gsd": ("tab:orange", "X"), "sjd+maximal static": ("tab:purple", "X")}
 TAU_MARKERS = ("v", "o", "^", "<", ">", "h")
 TREE_COLOUR, TREE_MARKERS = "tab:purple", ("o", "s", "D", "^", "v", "p", "h", "*")  # draft trees: one marker per (K, D)
@@ -13,9 +13,17 @@ GSD_COLOUR = "tab:orange"  # gsd over its group (k, δ): one marker per k, light
 
 
 def plot(result: dict, path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(result)
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+
+
+def figure(result: dict):
     """One panel per quality measure. csd: colour = λ, shape = τ, filled = coupled next drafts, purple edge = a draft
-    tree; sjd + tree: purple, one shape per tree; gsd (k, δ): orange; grey band = ar's mean ± std; dashed = the
-    model's ceiling."""
+    tree; sjd + tree: purple, one shape per tree; gsd (k, δ): orange; grey band = ar's mean ± std (one seed: ± its
+    standard error over the images); dashed = the model's ceiling."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,6 +41,7 @@ def plot(result: dict, path: str) -> None:
         ax.set_ylabel(f"{m['axis']} ({'higher' if m['higher_is_better'] else 'lower'} is better)")
         if m["log_scale"]:
             ax.set_yscale("log")  # a collapsed setting is 100x worse than the rest; keep both readable
+            _plain_numbers(ax.yaxis)
     for lam, colour in colours.items():
         axes[0].plot([], [], "s", color=colour, label=f"csd λ={lam:g}")
     for tau, marker in markers.items():
@@ -40,21 +49,23 @@ def plot(result: dict, path: str) -> None:
     axes[0].plot([], [], "o", color="0.4", label="filled: maximal coupling, hollow: independent")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="center right")
-    fig.suptitle(f"{result['model']}: forward passes vs quality (mean ± std over {len(result['seeds'])} seeds, "
-                 f"{result['images']} images each)")
+    spread = ("± standard error over the images" if len(result["seeds"]) == 1
+              else f"mean ± std over {len(result['seeds'])} seeds")
+    fig.suptitle(f"{result['model']}: forward passes vs quality ({spread}, {result['images']} images each)")
     fig.tight_layout(rect=(0, 0, 1 - 3.2 / (8 * len(measures)), 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def _panel(ax, result: dict, key: str, colours: dict, markers: dict) -> None:
+    spread = "se" if len(result["seeds"]) == 1 else "std"  # as frontier.answers' band
     ar = result["results"]["ar"][key]
-    ax.axhspan(ar["mean"] - ar["std"], ar["mean"] + ar["std"], color="0.85", zorder=0, label="ar mean ± std")
+    width = ar.get(spread, ar["std"])
+    ax.axhspan(ar["mean"] - width, ar["mean"] + width, color="0.85", zorder=0, label=f"ar mean ± {spread}")
     if result.get("heldout"):
         ax.axhline(result["heldout"][key]["mean"], color="0.3", ls="--", lw=1, label=result["ceiling"])
     for label, r in result["results"].items():
         s = result["settings"][label]
-        x, y, yerr = r["passes"]["mean"], r[key]["mean"], r[key]["std"]
+        x, y, yerr = r["passes"]["mean"], r[key]["mean"], r[key].get(spread, r[key]["std"])
         if s["mode"] == "csd":
             colour = colours[s["entropy_coef"]]
             face = colour if s["coupling"] != "independent" else "none"
@@ -75,6 +86,7 @@ def _panel(ax, result: dict, key: str, colours: dict, markers: dict) -> None:
             colour, marker = FIXED_STYLE.get(label, ("0.5", "o"))
             ax.errorbar(x, y, yerr=yerr, fmt=marker, color=colour, ms=9, lw=0.8, label=label)
     ax.set_xscale("log")
+    _plain_numbers(ax.xaxis)
     ax.set_xlabel("forward passes per image (log scale)")
     ax.grid(alpha=0.3, which="both")
 
@@ -86,7 +98,8 @@ RULE_COLOURS = {"csd": "tab:blue", "gsd": "tab:orange", "arsample": "tab:green",
 def plot_rules(result: dict, path: str) -> None:
     """A curve per relaxed rule, one panel per quality measure: every chain setting of the rule as a faint marker, its
     Pareto front (fewer passes, better on every measure; ``result["rule_fronts"]``) joined by a line, error bars the
-    std over seeds; ar and the lossless sjd settings as reference points, ar's band in grey."""
+    std over seeds (one seed: the standard error over the images, as :func:`figure`); ar and the lossless sjd
+    settings as reference points, ar's band in grey."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,11 +113,13 @@ def plot_rules(result: dict, path: str) -> None:
                               "params": tuple(map(tuple, s.get("params") or ()))})
             for label, s in result["settings"].items()}
     fronts = result.get("rule_fronts") or rule_fronts(result["results"], grid, measures_of(result))
+    spread = "se" if len(result["seeds"]) == 1 else "std"  # as figure()
     fig, axes = plt.subplots(1, len(measures), figsize=(7 * len(measures), 5), squeeze=False)
     for ax, m in zip(axes[0], measures):
         key, rows = m["name"], result["results"]
         ar = rows["ar"][key]
-        ax.axhspan(ar["mean"] - ar["std"], ar["mean"] + ar["std"], color="0.88", zorder=0, label="ar mean ± std")
+        width = ar.get(spread, ar["std"])
+        ax.axhspan(ar["mean"] - width, ar["mean"] + width, color="0.88", zorder=0, label=f"ar mean ± {spread}")
         for label, s in grid.items():
             rule = MODE_TABLE[s.mode].rule
             if s.tree is None and rule not in (None, "strict") and label not in fronts.get(rule, ()):
@@ -114,23 +129,48 @@ def plot_rules(result: dict, path: str) -> None:
         for rule, labels in fronts.items():
             xs = [rows[label]["passes"]["mean"] for label in labels]
             ys = [rows[label][key]["mean"] for label in labels]
-            es = [rows[label][key]["std"] for label in labels]
+            es = [rows[label][key].get(spread, rows[label][key]["std"]) for label in labels]
             ax.errorbar(xs, ys, yerr=es, fmt="-o", color=RULE_COLOURS.get(rule, "0.5"), ms=5, lw=1.2, capsize=2,
                         label=f"{rule} ({len(labels)} on its front)")
-        for label in ("ar", "sjd", "sjd+maximal"):
+        for label in ("ar", "sjd+independent", "sjd+maximal"):
             if label in rows:
                 colour, marker = FIXED_STYLE.get(label, ("0.3", "s"))
-                ax.errorbar(rows[label]["passes"]["mean"], rows[label][key]["mean"], yerr=rows[label][key]["std"],
-                            fmt=marker, color=colour, ms=8, label=label)
+                ax.errorbar(rows[label]["passes"]["mean"], rows[label][key]["mean"],
+                            yerr=rows[label][key].get(spread, rows[label][key]["std"]), fmt=marker, color=colour, ms=8,
+                            label=label)
         ax.set_xscale("log")
+        _plain_numbers(ax.xaxis)
         ax.set_xlabel("forward passes per image (log scale)")
         ax.set_ylabel(f"{m['axis']} ({'higher' if m['higher_is_better'] else 'lower'} is better)")
         if m["log_scale"]:
             ax.set_yscale("log")
+            _plain_numbers(ax.yaxis)
         ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"{result['model']}: each acceptance rule's frontier (mean ± std over {len(result['seeds'])} seeds, "
-                 f"{result['images']} images each)")
+    shown = ("± standard error over the images" if len(result["seeds"]) == 1
+             else f"mean ± std over {len(result['seeds'])} seeds")
+    fig.suptitle(f"{result['model']}: each acceptance rule's frontier ({shown}, {result['images']} images each)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+def _plain_numbers(axis) -> None:
+    """Tick labels of a log axis as plain numbers (9, 20, 300) on the ticks matplotlib labels (its minor ticks too,
+    when the axis spans less than a decade, where its own labels read "9×10⁰")."""
+    from matplotlib.ticker import Formatter
+
+    class Plain(Formatter):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def set_axis(self, axis):
+            super().set_axis(axis)
+            self.inner.set_axis(axis)
+
+        def set_locs(self, locs):
+            self.inner.set_locs(locs)
+
+        def __call__(self, value, pos=None):
+            return f"{value:g}" if self.inner(value, pos) else ""
+
+    axis.set_major_formatter(Plain(axis.get_major_formatter()))
+    axis.set_minor_formatter(Plain(axis.get_minor_formatter()))

@@ -13,10 +13,11 @@ import csv
 import json
 import os
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
+from ..fileio.outputs import Output
 from ..testing import make_case
 
 JANUS_VOCAB, LUMINA_VOCAB = 16384, 8192
@@ -132,46 +133,65 @@ def format_table(rows: list[BenchRow]) -> str:
     return "\n".join(lines)
 
 
-def save(rows: list[BenchRow], out_dir: str, device_name: str) -> dict[str, str]:
-    """Write verify.json, verify.csv and verify.png (time against batch, per vocabulary) into out_dir."""
-    os.makedirs(out_dir, exist_ok=True)
+def save(rows: list[BenchRow], out: Union[str, Output], device_name: str) -> dict[str, str]:
+    """Write verify.json, verify.csv and verify.png (time against batch, per vocabulary) into ``out``: a folder, or
+    the :class:`~csd_kernels.fileio.outputs.Output` of a run that writes more files (all of them put in place
+    together); returns their final paths."""
+    if isinstance(out, str):
+        with Output(out) as output:
+            return save(rows, output, device_name)
     records = [dict(asdict(r), vs_read_once=r.vs_read_once, speedup_vs_loop=r.speedup_vs_loop) for r in rows]
-    paths = {name: os.path.join(out_dir, f"verify.{name}") for name in ("json", "csv", "png")}
-    with open(paths["json"], "w") as f:
-        json.dump({"device": device_name, "torch": torch.__version__, "rows": records}, f, indent=2)
-    with open(paths["csv"], "w", newline="") as f:
+    out.write_json("verify.json", {"device": device_name, "torch": torch.__version__, "rows": records})
+    with open(out.path("verify.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(records[0]))
         writer.writeheader()
         writer.writerows(records)
-    _plot(rows, paths["png"], device_name)
-    return paths
+    _plot(rows, out.path("verify.png"), device_name)
+    return {name: out.final(f"verify.{name}") for name in ("json", "csv", "png")}
 
 
 def _plot(rows: list[BenchRow], path: str, device_name: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(rows, device_name)
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+
+
+def figure(rows: list[BenchRow], device_name: str):
+    """verify.png: one panel per vocabulary, µs per call against the batch, one marked line per backend (dashed:
+    without probs), the read-once floor and the authors' loop; every series has markers (a panel may hold one batch)
+    and the legend sits under the panels, off the points."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     vocabs = sorted({r.vocab for r in rows})
-    fig, axes = plt.subplots(1, len(vocabs), figsize=(5 * len(vocabs), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(vocabs), figsize=(5 * len(vocabs), 4.6), squeeze=False)
     for ax, vocab in zip(axes[0], vocabs):
         subset = [r for r in rows if r.vocab == vocab]
         batches = sorted({r.batch for r in subset})
         for backend in sorted({r.backend for r in subset}):
             for return_probs in (True, False):
-                points = [r for r in subset if r.backend == backend and r.return_probs == return_probs]
+                points = sorted((r for r in subset if r.backend == backend and r.return_probs == return_probs),
+                                key=lambda r: r.batch)
                 if points:
                     ax.plot([r.batch for r in points], [r.seconds * 1e6 for r in points], marker="o",
                             linestyle="-" if return_probs else "--",
                             label=f"{backend}{'' if return_probs else ' (no probs)'}")
         read_once = {r.batch: r.read_once_seconds for r in subset}
         loop = {r.batch: r.python_loop_seconds for r in subset}
-        ax.plot(batches, [read_once[b] * 1e6 for b in batches], color="black", linestyle=":", label="read inputs once")
-        ax.plot(batches, [loop[b] * 1e6 for b in batches], color="grey", linestyle="-.", label="authors' Python loop")
+        ax.plot(batches, [read_once[b] * 1e6 for b in batches], color="black", linestyle=":", marker="x",
+                label="read inputs once")
+        ax.plot(batches, [loop[b] * 1e6 for b in batches], color="grey", linestyle="-.", marker="^",
+                label="authors' Python loop")
         ax.set(xscale="log", yscale="log", xlabel="batch B (L = 16)", ylabel="µs per call",
                title=f"V = {vocab} ({device_name})")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.minorticks_off()
+    legend = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
+    labels = list(legend)
+    fig.legend(list(legend.values()), labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8)
+    fig.tight_layout(rect=(0, 0.06 + 0.05 * ((len(labels) - 1) // 4), 1, 1))
+    return fig

@@ -12,8 +12,8 @@
 
 from __future__ import annotations
 
-import json
 import os
+import textwrap
 import time
 from typing import Optional
 
@@ -23,32 +23,25 @@ import torch
 from .. import __version__, zoo
 from ..bench.frontier import summarise
 from ..config.acceptance import GRID_RULES
+from ..config.generation import run_label
+from ..constants import COUPLINGS
 from ..decoding import DEFAULT_COUPLING, GenerationConfig, generate
 from ..decoding.validation import check, check_backend, check_device, check_generate, check_tree, row_seeds
+from ..fileio.inputs import shorten
+from ..fileio.outputs import Output
+from ..fileio.signals import if_stopped
 from ..ops.registry import select_backend
-from ..runner.usage import (
-    UsageError,
-    as_flags,
-    check_out,
-    claim_generate_dir,
-    clear_generate_files,
-    writable_dir,
-)
-from .parser import GENERATION_FLAGS
+from ..runner.summary import unmeasured_note
+from ..runner.usage import GENERATE_FILES, UsageError, as_flags, check_out, claim_generate_dir
+from .parser import GENERATION_FLAGS, sweep_lists
 
-# The rows of `csd compare`: (label, mode, coupling).
-COMPARE_RUNS = [
-    ("ar", "ar", None),
-    ("sjd", "sjd", "independent"),
-    ("sjd+maximal", "sjd", "maximal"),
-    ("sjd+gumbel", "sjd", "gumbel"),
-    ("gsd", "gsd", None),
-    ("csd", "csd", "independent"),
-    ("csd+maximal", "csd", "maximal"),
-    ("csd+gumbel", "csd", "gumbel"),
-    # one more row per other relaxed rule (config/modes.py), its mode with the default coupling
-    *((f"{mode}+maximal", mode, "maximal") for mode in GRID_RULES),
-]
+# The rows of `csd compare`: (label, mode, coupling); sjd and csd once per coupling, each label naming it; then one
+# row per other relaxed rule (config/acceptance.GRID_RULES), its mode with the default coupling.
+COMPARE_RUNS = [(run_label(mode, coupling), mode, coupling)
+                for mode, couplings in (("ar", (None,)), ("sjd", COUPLINGS), ("gsd", (None,)), ("csd", COUPLINGS))
+                for coupling in couplings] + [(run_label(mode), mode, None) for mode in GRID_RULES]
+MIN_GRID_WIDTH = 480  # pixels: a few images are scaled up to this, so a title fits above them
+FONT_SIZE = 16  # pixels, of the titles and labels of grid.png and compare.png
 _MODEL_OPTIONS = ("weights", "config", "vq", "image_size", "size", "dtype")  # zoo.load keywords, one flag each
 
 
@@ -111,7 +104,11 @@ def _save_png(array: np.ndarray, path: str, scale: int = 1) -> None:
     image = Image.fromarray(array)
     if scale > 1:
         image = image.resize((image.width * scale, image.height * scale), Image.NEAREST)
-    image.save(path)
+    image.save(path, format="PNG")
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _tile(images: np.ndarray, columns: int) -> np.ndarray:
@@ -126,6 +123,11 @@ def _tile(images: np.ndarray, columns: int) -> np.ndarray:
     return mosaic
 
 
+def _grid_columns(count: int) -> int:
+    """Columns of a grid of ``count`` images: a square, or one row of a few (no empty half)."""
+    return count if count <= 4 else int(np.ceil(np.sqrt(count)))
+
+
 def _font(size: int):
     from PIL import ImageFont
 
@@ -135,48 +137,81 @@ def _font(size: int):
         return ImageFont.load_default()
 
 
-def _save_labelled(images: np.ndarray, columns: int, path: str, title: str, labels=(), scale: int = 4) -> None:
-    """[N, H, W, C] uint8 tiled ``columns`` wide with a title above and, when given, a label left of each row."""
+def _wrap(draw, text: str, font, width: float) -> list[str]:
+    """``text`` in lines no wider than ``width`` pixels (a word longer than that on a line of its own)."""
+    lines = []
+    for word in text.split():
+        if lines and draw.textlength(f"{lines[-1]} {word}", font=font) <= width:
+            lines[-1] += f" {word}"
+        else:
+            lines.append(word)
+    return lines or [""]
+
+
+def _save_labelled(images: np.ndarray, columns: int, path: str, title: str, labels=(),
+                   scale: Optional[int] = None) -> None:
+    """[N, H, W, C] uint8 tiled ``columns`` wide, each pixel ``scale`` x ``scale`` (None: the smallest scale that
+    makes the grid MIN_GRID_WIDTH wide), the title wrapped above it and, when given, a label left of each row."""
     from PIL import Image, ImageDraw
 
     grid = Image.fromarray(_tile(images, columns))
+    scale = scale or max(1, -(-MIN_GRID_WIDTH // grid.width))
     grid = grid.resize((grid.width * scale, grid.height * scale), Image.NEAREST)
-    font = _font(9 * scale)
+    font = _font(FONT_SIZE)
     probe = ImageDraw.Draw(grid)
-    margin = max(probe.textlength(label, font=font) for label in labels) + 4 * scale if labels else 0
-    header = 14 * scale
-    width = max(grid.width + margin, probe.textlength(title, font=font) + 4 * scale)
-    canvas = Image.new(grid.mode, (int(width), grid.height + header), "white")
-    canvas.paste(grid, (int(margin), header))
+    margin = int(max(probe.textlength(label, font=font) for label in labels)) + FONT_SIZE if labels else 0
+    lines = _wrap(probe, title, font, grid.width + margin - FONT_SIZE // 2)
+    line_height = FONT_SIZE + FONT_SIZE // 4
+    header = len(lines) * line_height + FONT_SIZE // 2
+    canvas = Image.new(grid.mode, (grid.width + margin, grid.height + header), "white")
+    canvas.paste(grid, (margin, header))
     draw = ImageDraw.Draw(canvas)
-    draw.text((2 * scale, 2 * scale), title, fill="black", font=font)
+    for index, line in enumerate(lines):
+        draw.text((FONT_SIZE // 4, FONT_SIZE // 4 + index * line_height), line, fill="black", font=font)
     row_height = (images.shape[1] + 1) * scale
     for index, label in enumerate(labels):
-        draw.text((2 * scale, header + scale + index * row_height + row_height // 2), label, fill="black",
+        draw.text((FONT_SIZE // 4, header + scale + index * row_height + row_height // 2), label, fill="black",
                   font=font, anchor="lm")
-    canvas.save(path)
+    canvas.save(path, format="PNG")
 
 
 def _save_maps(out, path: str, columns: int, title: str) -> None:
-    """Entropy and acceptance maps of every image side by side, colour-mapped, one PNG."""
+    """Entropy and acceptance maps of every image side by side, colour-mapped, one PNG (:func:`maps_figure`)."""
+    import matplotlib.pyplot as plt
+
+    fig = maps_figure(out, columns, title)
+    fig.savefig(path, dpi=120, format="png")
+    plt.close(fig)
+
+
+def maps_figure(out, columns: int, title: str):
+    """The figure of maps.png: each colour bar as tall as its maps, the title wrapped inside the canvas."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from mpl_toolkits.axes_grid1 import make_axes_locatable
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 5))
-    for ax, (name, maps, cmap) in zip(axes, [("entropy of p (nats)", out.entropy_map, "magma"),
-                                             ("acceptance probability a(x)", out.accept_map, "viridis")]):
+    panels = [("entropy of p (nats)", out.entropy_map, "magma"), ("acceptance probability a(x)", out.accept_map,
+                                                                  "viridis")]
+    mosaics = []
+    for _, maps, _ in panels:
         maps = maps.float().cpu().numpy()[..., None]
-        mosaic = _tile(maps, columns)[..., 0].astype(np.float32)
-        shown = ax.imshow(np.where(_tile(np.zeros_like(maps), columns)[..., 0] == 255, np.nan, mosaic), cmap=cmap)
-        ax.set_title(name)
+        gutter = _tile(np.zeros_like(maps), columns)[..., 0] == 255
+        mosaics.append(np.where(gutter, np.nan, _tile(maps, columns)[..., 0].astype(np.float32)))
+    height, width = mosaics[0].shape
+    panel_width = 4.6
+    fig, axes = plt.subplots(1, 2, figsize=(2 * panel_width + 1.2, panel_width * height / width + 1.4))
+    for ax, (name, _, cmap), mosaic in zip(axes, panels, mosaics):
+        shown = ax.imshow(mosaic, cmap=cmap)
+        ax.set_title(name, fontsize=10)
         ax.axis("off")
-        fig.colorbar(shown, ax=ax, fraction=0.046)
-    fig.suptitle(f"{title}: one map per image, one cell per token, in the order of grid.png")
+        bar = make_axes_locatable(ax).append_axes("right", size="4%", pad=0.08)
+        fig.colorbar(shown, cax=bar)
+    text = f"{title}: one map per image, one cell per token, in the order of grid.png"
+    fig.suptitle(textwrap.fill(text, width=int(fig.get_figwidth() * 10)), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -186,23 +221,33 @@ def cmd_generate(args) -> dict:
     _check_flags(args)
     row_seeds(args.seed, args.num)
     claim_generate_dir(args.out)
-    entry = _load(args)
-    inputs = _prompt_inputs(entry, args.prompt, args.num)
-    kwargs = _generate_kwargs(args, entry)
-    if args.tree is not None:
-        kwargs.update(tree=args.tree, static=True)  # trees run in the static loop
-    begin = time.perf_counter()
-    out = generate(entry.model, **inputs, mode=args.mode, coupling=args.coupling, seed=args.seed,
-                   progress=not args.quiet, **kwargs)
-    wall = time.perf_counter() - begin
-    out_dir = writable_dir(args.out)
-    removed = clear_generate_files(out_dir)  # only now: a failed run leaves the earlier one as it was
-    if removed:
-        print(f"replaced the {len(removed)} files of an earlier csd generate run in {out_dir}")
-    columns = int(np.ceil(np.sqrt(args.num)))
-    title = f"{args.mode}, prompt {args.prompt}, --seed {args.seed}: {args.num} images"
-    _write_images(out, out_dir, columns, title)
-    _save_maps(out, os.path.join(out_dir, "maps.png"), columns, title)
+    # all or nothing: a failure or a signal at any point leaves --out as it was
+    with Output(args.out, replaces=GENERATE_FILES) as output:
+        entry = _load(args)
+        inputs = _prompt_inputs(entry, args.prompt, args.num)
+        kwargs = _generate_kwargs(args, entry)
+        if args.tree is not None:
+            kwargs.update(tree=args.tree, static=True)  # trees run in the static loop
+        begin = time.perf_counter()
+        out = generate(entry.model, **inputs, mode=args.mode, coupling=args.coupling, seed=args.seed,
+                       progress=not args.quiet, **kwargs)
+        wall = time.perf_counter() - begin
+        stats = _generate_stats(args, entry, kwargs, out, wall)
+        label = run_label(args.mode, stats["parameters"]["coupling"])
+        columns = _grid_columns(args.num)
+        title = f"{label}, prompt {shorten(args.prompt)}, --seed {args.seed}: {_count(args.num, 'image')}"
+        _write_images(out, output, columns, title)
+        _save_maps(out, output.path("maps.png"), columns, title)
+        output.write_json("stats.json", stats)
+    print(f"{label}: {_count(args.num, 'image')}, {stats['forward_passes_per_image']:.1f} forward passes per image "
+          f"({stats['tokens_per_pass']:.2f} tokens/pass), {wall:.2f} s")
+    print(output.summary())
+    return stats
+
+
+def _generate_stats(args, entry, kwargs: dict, out, wall: float) -> dict:
+    """stats.json of csd generate: the command, every setting used, the pass counts (explained under "notes"), the
+    timings and the model's quality measures."""
     per_row = out.passes_per_row()
     tokens = out.tokens.shape[1]
     stats = {
@@ -219,27 +264,31 @@ def cmd_generate(args) -> dict:
         "timings": out.timings,
         "mean_distortion": float(out.distortion_per_row().mean()),
         "mean_entropy": float(out.entropy_map.mean()),
+        "notes": {
+            "forward_passes": "decoding passes of the whole batch: one pass computes every row, and the batch runs "
+                              "until its slowest image is complete",
+            "forward_passes_per_image": "the mean over images of the passes in which each image committed tokens "
+                                        "(its own count): at most forward_passes, less where a finished or paused "
+                                        "image rode along in the batch's passes",
+            "prefill_passes": "passes over the prompt before decoding (not in forward_passes)",
+            "tokens_per_pass": "tokens_per_image / forward_passes_per_image",
+        },
     }
     if entry.quality is not None:
         stats["quality"] = entry.quality(out.tokens, [args.prompt] * args.num)
-    with open(os.path.join(out_dir, "stats.json"), "w") as f:
-        json.dump(stats, f, indent=2)
-    print(f"{args.mode}: {args.num} images, {stats['forward_passes_per_image']:.1f} forward passes per image "
-          f"({stats['tokens_per_pass']:.2f} tokens/pass), {wall:.2f} s -> {out_dir}")
     return stats
 
 
-def _write_images(out, out_dir: str, columns: int, title: str) -> None:
+def _write_images(out, output: Output, columns: int, title: str) -> None:
     """img_NNN.png and grid.png; without a pixel decoder, tokens.json (the image part in the model's own layout)."""
     if out.images is None:
-        with open(os.path.join(out_dir, "tokens.json"), "w") as f:
-            json.dump(out.sequences.cpu().tolist(), f)
-        print(f"no pixel decoder for this model: wrote the image tokens to {os.path.join(out_dir, 'tokens.json')}")
+        output.write_json("tokens.json", out.sequences.cpu().tolist(), indent=None)
+        print("no pixel decoder for this model: the image tokens go to tokens.json")
         return
     images = out.images.cpu().numpy()
     for index, image in enumerate(images):
-        _save_png(image, os.path.join(out_dir, f"img_{index:03d}.png"))
-    _save_labelled(images, columns, os.path.join(out_dir, "grid.png"), title)
+        _save_png(image, output.path(f"img_{index:03d}.png"))
+    _save_labelled(images, columns, output.path("grid.png"), title)
 
 
 def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, generate_kwargs=None,
@@ -284,7 +333,15 @@ def format_compare(results: dict, measures=()) -> str:
                 f"{r['distortion']['mean']:10.4f}")
         line += "".join(f" {pm(r, m.name, m.fmt) if m.name in r else '-':>13}" for m in measures)
         lines.append(line)
-    return "\n".join(lines)
+    return "\n".join(lines + table_notes(results.values(), measures))
+
+
+def table_notes(rows, measures) -> list[str]:
+    """The lines under a table of runs: what a '-' means, and which coupling sjd and csd use by default."""
+    missing = [m.label for m in measures if any(m.name not in r for r in rows)]
+    notes = [unmeasured_note(missing)] if missing else []
+    return notes + [f"sjd and csd draw their next drafts with the {DEFAULT_COUPLING} coupling unless told otherwise "
+                    f"(csd generate --mode csd runs csd+{DEFAULT_COUPLING})"]
 
 
 def _runnable(runs, model) -> list:
@@ -302,28 +359,24 @@ def _runnable(runs, model) -> list:
 def cmd_compare(args) -> dict:
     _check_flags(args)
     check_out(args.out)
-    entry = _load(args)
-    _prompt_inputs(entry, args.prompt, 1)  # a bad prompt fails before any work
-    if args.num < 2 and entry.quality is not None:
-        raise UsageError("--num: compare needs at least 2 images per run (the Fréchet distance is of a set)")
-    seeds = list(range(args.seeds))
-    runs = _runnable(COMPARE_RUNS, entry.model)
-    report = run_compare(entry, [args.prompt] * args.num, seeds, runs=runs,
-                         generate_kwargs=_generate_kwargs(args, entry), progress=not args.quiet)
-    table = format_compare(report["results"], entry.measures)
-    print(table)
-    samples = report.pop("samples")
-    shown = min(args.num, 8)
-    out_dir = writable_dir(args.out)
-    if all(images is not None for images in samples.values()):
-        _save_labelled(np.concatenate([images[:shown] for images in samples.values()]), shown,
-                       os.path.join(out_dir, "compare.png"),
-                       f"prompt {args.prompt}, first seed: one row per mode; each column is one prompt and seed",
-                       labels=list(samples))
-    report.update(model=args.model, prompt=args.prompt, num=args.num, seeds=seeds,
-                  rows_of_compare_png=list(samples), table=table)
-    with open(os.path.join(out_dir, "compare.json"), "w") as f:
-        json.dump(report, f, indent=2)
+    with Output(args.out) as output:  # (stopped before the end: --out as it was)
+        entry = _load(args)
+        _prompt_inputs(entry, args.prompt, 1)  # a bad prompt fails before any work
+        seeds = list(range(args.seeds))
+        report = run_compare(entry, [args.prompt] * args.num, seeds, runs=_runnable(COMPARE_RUNS, entry.model),
+                             generate_kwargs=_generate_kwargs(args, entry), progress=not args.quiet)
+        table = format_compare(report["results"], entry.measures)
+        print(table)
+        samples = report.pop("samples")
+        shown = min(args.num, 8)
+        report.update(model=args.model, prompt=args.prompt, num=args.num, seeds=seeds,
+                      rows_of_compare_png=list(samples), table=table)
+        if all(images is not None for images in samples.values()):
+            _save_labelled(np.concatenate([images[:shown] for images in samples.values()]), shown,
+                           output.path("compare.png"), f"prompt {shorten(args.prompt)}, first seed: one row per run; "
+                           "each column is one prompt and seed", labels=list(samples))
+        output.write_json("compare.json", report)
+    print(output.summary())
     return report
 
 
@@ -339,24 +392,14 @@ def cmd_bench(args) -> list:
     check_out(args.out)
     if importlib.util.find_spec("pytest_benchmark") is None:
         raise UsageError("csd bench runs pytest-benchmark: pip install 'csd-kernels[test]'")
-    out_dir = writable_dir(args.out)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    rows = bench.run(device=str(device), backends=args.backends, quick=args.quick,
-                     json_path=os.path.join(out_dir, "benchmark.json"))
-    print(bench.format_table(rows))
-    for path in bench.save(rows, out_dir, name).values():
-        print(f"wrote {path}")
+    with Output(args.out) as output:
+        rows = bench.run(device=str(device), backends=args.backends, quick=args.quick,
+                         json_path=output.path("benchmark.json"))
+        print(bench.format_table(rows))
+        bench.save(rows, output, name)
+    print(output.summary())
     return rows
-
-
-def _floats(text: str, flag: str, setting: str, kind=float) -> tuple:
-    """Comma-separated values of generate()'s ``setting``, each checked by its rule (errors name ``flag``)."""
-    try:
-        values = tuple(kind(v) for v in text.split(","))
-    except ValueError:
-        raise UsageError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
-    with as_flags(**{setting: flag}):
-        return tuple(check(setting, value) for value in values)
 
 
 def _trees(text: str) -> tuple:
@@ -373,35 +416,6 @@ def _trees(text: str) -> tuple:
         with as_flags(tree="--trees"):
             trees.append(check_tree((branching, depth), "sjd", GenerationConfig().window, "maximal", static=True))
     return tuple(trees)
-
-
-def _gsd_grid(args) -> tuple:
-    """--gsd-ranks x --gsd-deltas (one of them alone: with generate()'s default for the other); none: ()."""
-    if not args.gsd_ranks and not args.gsd_deltas:
-        return ()
-    ranks = _floats(args.gsd_ranks, "--gsd-ranks", "group_rank", int) if args.gsd_ranks else (
-        GenerationConfig().group_rank,)
-    deltas = _floats(args.gsd_deltas, "--gsd-deltas", "group_delta") if args.gsd_deltas else (
-        GenerationConfig().group_delta,)
-    return tuple((k, delta) for k in ranks for delta in deltas)
-
-
-def _rule_grids(args) -> dict:
-    """--grid PARAM=V1,V2 (repeatable): {rule: points} of frontier.rule_grids, each value checked by its parameter's
-    rule (config/acceptance.py)."""
-    from ..bench import frontier
-    from ..config.acceptance import PARAMS, rule_named
-
-    swept = {p: None for rule in GRID_RULES for p in rule_named(rule).param_names()}  # in order, once
-    values = {}
-    for item in args.grid or ():
-        name, _, text = item.partition("=")
-        if name not in swept or not text:
-            raise UsageError(f"--grid {item!r}: expected PARAM=V1,V2,... with PARAM one of {', '.join(swept)} (csd: "
-                             "--lambdas/--taus, gsd: --gsd-ranks/--gsd-deltas)")
-        kind = int if PARAMS[name].check.kind == "int" else float
-        values[name] = _floats(text, f"--grid {name}", name, kind)
-    return frontier.rule_grids(values)
 
 
 def _sweep_prompts(args) -> list[str]:
@@ -424,27 +438,23 @@ def _sweep_prompts(args) -> list[str]:
 
 def cmd_sweep(args) -> dict:
     """The speed-quality frontier (csd_kernels.bench.frontier): every mode, csd over --lambdas x --taus x --couplings,
-    gsd over --gsd-ranks x --gsd-deltas, the other rules over their --grid, sjd+maximal with each of --trees."""
+    gsd over --gsd-ranks x --gsd-deltas, the other rules over their --grid, sjd+maximal with each of --trees, the
+    chain again at each of --windows."""
     from ..bench import frontier
 
     prompts = _sweep_prompts(args)
-    couplings = tuple(args.couplings.split(","))
-    with as_flags(coupling="--couplings"):
-        for coupling in couplings:
-            check("coupling", coupling)
-    check("seeds", args.seeds)
-    check("workers", args.workers)
-    grid = frontier.settings(_floats(args.lambdas, "--lambdas", "entropy_coef"),
-                             _floats(args.taus, "--taus", "tvd_threshold"), couplings, _trees(args.trees),
-                             gsd=_gsd_grid(args), rules=_rule_grids(args))
+    lambdas, taus, couplings, gsd, windows, grid_values = sweep_lists(args)  # (checked before torch: check_flags)
+    grid = frontier.settings(lambdas, taus, couplings, _trees(args.trees), gsd=gsd, windows=windows,
+                             rules=frontier.rule_grids(grid_values))
     check_out(os.path.dirname(args.out) or ".")
     _load(args)  # a missing or foreign checkpoint is one line, before any work
-    result = frontier.sweep(args.model, seeds=tuple(range(args.seeds)), workers=args.workers, grid=grid,
-                            prompts=prompts, options={"weights": args.weights})
+    with if_stopped(f"nothing was written to {os.path.dirname(args.out) or '.'}"):
+        result = frontier.sweep(args.model, seeds=tuple(range(args.seeds)), workers=args.workers, grid=grid,
+                                prompts=prompts, options={"weights": args.weights})
     print(frontier.format_table(result))
     print("\n".join(frontier.summary_lines(result)))
-    for path in frontier.save(result, args.out).values():
-        print(f"wrote {path}")
+    paths = frontier.save(result, args.out)
+    print(f"wrote {', '.join(paths.values())}")
     return result
 
 

@@ -9,25 +9,33 @@ typed and helped by its field, its default the model's.
 from __future__ import annotations
 
 import argparse
+import re
 
 from .. import __version__
+from ..config.acceptance import GRID_RULES, rule_named
 from ..config.generation import DEFAULT_COUPLING, MODES, RULES, GenerationConfig, check, check_generate
 from ..constants import BACKENDS, COUPLINGS
+from ..fileio.inputs import quote
 from ..models import registry
+from ..runner.usage import UsageError, as_flags
 
-__all__ = ["build_parser", "check_flags", "GENERATION_FLAGS", "add_model_options", "add_generation_options"]
+__all__ = ["build_parser", "check_flags", "check_prompts", "sweep_lists", "GENERATION_FLAGS", "add_model_options",
+           "add_generation_options"]
 
 GENERATION_FLAGS = GenerationConfig.names(flag="every")  # the generation flags every sampling command takes
-# the command line's own checked flags, by subcommand (GenerationConfig's are checked for generate, compare and run)
-_COMMAND_FLAGS = {"generate": ("seed", "num", "image_size"), "compare": ("seeds", "num", "image_size"),
-                  "run": ("seed", "batch_size", "num_threads", "image_size"),
-                  "sweep": ("per_class", "images", "seeds", "workers")}
+# the command line's own checked flags, by subcommand ({flag's keyword: its rule in RULES}; GenerationConfig's are
+# checked for generate, compare and run)
+_COMMAND_FLAGS = {"generate": {"seed": "seed", "num": "num", "image_size": "image_size"},
+                  "compare": {"seeds": "seeds", "num": "compare_num", "image_size": "image_size"},
+                  "run": {"seed": "seed", "batch_size": "batch_size", "num_threads": "num_threads",
+                          "image_size": "image_size"},
+                  "sweep": {"per_class": "per_class", "images": "images", "seeds": "seeds", "workers": "workers"}}
 _UNSET_ALLOWED = ("per_class", "images")  # csd sweep: the model says which applies (and its default)
 
 
-def _help(name: str, text: str, default) -> str:
-    """Help of a checked flag: what it is, the accepted values (config.generation.RULES) and the default."""
-    return f"{text}; {RULES[name].expected.removeprefix('None or ')} (default: {default})".replace("%", "%%")
+def _help(rule: str, text: str, default) -> str:
+    """Help of a checked flag: what it is, the accepted values (RULES[rule], config.generation) and the default."""
+    return f"{text}; {RULES[rule].expected.removeprefix('None or ')} (default: {default})".replace("%", "%%")
 
 
 def add_model_options(parser: argparse.ArgumentParser, device: bool = True) -> None:
@@ -81,7 +89,9 @@ def _tree_flag(text: str) -> tuple:
 def _add_sampling(parser: argparse.ArgumentParser, num: int) -> None:
     add_model_options(parser)
     parser.add_argument("--prompt", required=True, help="the prompt (digits, llamagen: a class id; others: text)")
-    parser.add_argument("--num", type=int, default=num, help=_help("num", "images per run", num))
+    rule, text = ("compare_num", "images per run, at least 2 (a spread and a Fréchet distance are of a set)") \
+        if parser.prog.endswith("compare") else ("num", "images per run")
+    parser.add_argument("--num", type=int, default=num, help=_help(rule, text, num))
     add_generation_options(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar (default: shown)")
 
@@ -90,7 +100,8 @@ class _Parser(argparse.ArgumentParser):
     """An unparsable command line is one line too (argparse would print the usage first), exit status 2."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+        message = re.sub(r"'([^']{81,})'", lambda long: quote(long.group(1)), " ".join(message.split()))
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0, help=_help("seed", "seed of image 0 (image b: seed + b)", 0))
     gen.add_argument("--tree", type=_tree_flag, metavar="K,D",
                      help="a lossless draft tree in every window (docs/trees.md): K candidates per position at the "
-                          "first D positions, e.g. 3,2; K, D >= 1, (K^D - 1)/(K - 1) < the window; --mode sjd, "
-                          "--coupling maximal (default: none, a chain)")
+                          "first D positions, e.g. 3,2; K, D >= 1, (K^D - 1)/(K - 1) < the window; --mode sjd or "
+                          "csd, --coupling maximal (default: none, a chain)")
     gen.add_argument("--out", default="out", help="output folder: csd generate replaces the images of its earlier "
                                                   "runs there and refuses a folder with other files (default: out)")
     gen.set_defaults(handler="cmd_generate")
@@ -157,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"csd couplings, any of {', '.join(COUPLINGS)} (default: independent,maximal)")
     sweep.add_argument("--trees", default="2x2,3x2", help="draft trees KxD of the sjd+maximal+tree settings, "
                        "comma-separated, or none (default: 2x2,3x2)")
+    sweep.add_argument("--windows", default=None,
+                       help="more draft windows, each an int >= 1: the sjd and csd chain settings again at each "
+                            "(labels ' W32'; default: none, the model's window only)")
     sweep.add_argument("--workers", type=int, default=2, help=_help("workers", "processes, one torch thread each", 2))
     sweep.add_argument("--out", default="out/sweep/frontier",
                        help="path prefix of the .json, .csv and .png (default: out/sweep/frontier)")
@@ -182,8 +196,8 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coupling", choices=sorted(COUPLINGS),
                         help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING})")
     parser.add_argument("--tree", type=_tree_flag, metavar="K,D",
-                        help="a lossless draft tree for the run's sjd items (docs/trees.md), e.g. 3,2; --modes must "
-                             "hold sjd (default: none, a chain)")
+                        help="a draft tree for the run's sjd and csd items (docs/trees.md), e.g. 3,2; --modes must "
+                             "hold sjd or csd (default: none, a chain)")
     add_generation_options(parser)
     parser.add_argument("--num-threads", dest="num_threads", type=int,
                         help=_help("num_threads", "torch threads per process", "CPU cores / processes on this node"))
@@ -197,14 +211,80 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
 # ----------------------------------------------------------------------------------------------------------------------
 def check_flags(args: argparse.Namespace) -> None:
     """The subcommand's flags that the API's rules judge alone, checked before the command imports torch: the
-    generation flags (as GenerationConfig's fields, with --mode and --coupling), and the command line's own (--num,
-    --seed, ...). An ArgumentError names the keyword; main() says the flag. What needs torch or the model (--device,
-    whether --backend runs there, --tree against the window, the prompts, the files) the commands check."""
+    generation flags (as GenerationConfig's fields, with --mode and --coupling), the command line's own (--num,
+    --seed, ...), then the prompts by the model's grammar (:func:`check_prompts`). An ArgumentError names the keyword;
+    main() says the flag. What needs torch or the model (--device, whether --backend runs there, --tree against the
+    window, the checkpoint files) the commands check."""
     command = args.command
     if command in ("generate", "compare", "run"):
         given = {name: getattr(args, name) for name in GENERATION_FLAGS if getattr(args, name, None) is not None}
         # (csd run's coupling applies to its sjd and csd items; compare runs its own couplings)
         check_generate(getattr(args, "mode", "csd"), getattr(args, "coupling", None), **given)
-    for name in _COMMAND_FLAGS.get(command, ()):
+    for name, rule in _COMMAND_FLAGS.get(command, {}).items():
         if getattr(args, name) is not None or name not in _UNSET_ALLOWED:
-            check(name, getattr(args, name))
+            RULES[rule].check(name, getattr(args, name))
+    if command == "sweep":
+        sweep_lists(args)
+    check_prompts(args)
+
+
+def sweep_lists(args: argparse.Namespace) -> tuple:
+    """csd sweep's lists, each value checked by the rule of the setting it sets (errors name the flag): (λs, τs,
+    couplings, gsd (k, δ) pairs: --gsd-ranks x --gsd-deltas, one of them alone with generate()'s default for the
+    other, windows, {param: values} of --grid)."""
+    couplings = tuple(args.couplings.split(","))
+    with as_flags(coupling="--couplings"):
+        for coupling in couplings:
+            check("coupling", coupling)
+    gsd = ()
+    if args.gsd_ranks or args.gsd_deltas:
+        ranks = _numbers(args.gsd_ranks, "--gsd-ranks", "group_rank", int) if args.gsd_ranks else (
+            GenerationConfig().group_rank,)
+        deltas = _numbers(args.gsd_deltas, "--gsd-deltas", "group_delta") if args.gsd_deltas else (
+            GenerationConfig().group_delta,)
+        gsd = tuple((k, delta) for k in ranks for delta in deltas)
+    windows = _numbers(args.windows, "--windows", "window", int) if args.windows else ()
+    return (_numbers(args.lambdas, "--lambdas", "entropy_coef"), _numbers(args.taus, "--taus", "tvd_threshold"),
+            couplings, gsd, windows, _grid_values(args.grid))
+
+
+def _grid_values(items) -> dict:
+    """--grid PARAM=V1,V2 (repeatable) -> {param: values}: the parameters of the rules swept by --grid
+    (config/acceptance.GRID_RULES), each value checked by its parameter's rule."""
+    swept = {p.name: p for rule in GRID_RULES for p in rule_named(rule).params}
+    values = {}
+    for item in items or ():
+        name, _, text = item.partition("=")
+        if name not in swept or not text:
+            raise UsageError(f"--grid {quote(item)}: expected PARAM=V1,V2,... with PARAM one of {', '.join(swept)} "
+                             "(csd: --lambdas/--taus, gsd: --gsd-ranks/--gsd-deltas)")
+        values[name] = _numbers(text, f"--grid {name}", name, int if swept[name].check.kind == "int" else float)
+    return values
+
+
+def _numbers(text: str, flag: str, setting: str, kind=float) -> tuple:
+    """Comma-separated values of generate()'s ``setting``, each checked by its rule (errors name ``flag``)."""
+    try:
+        values = tuple(kind(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"{flag}: expected comma-separated numbers, got {quote(text)}") from None
+    with as_flags(**{setting: flag}):
+        return tuple(check(setting, value) for value in values)
+
+
+def check_prompts(args: argparse.Namespace) -> None:
+    """--model, then --prompt (generate, compare) or every line of --prompts (run) by the model's grammar
+    (csd_kernels.zoo.check_prompts): a bad prompt is refused before any model loads."""
+    from .. import zoo  # (torch-free: the models' prompt grammars only)
+
+    if args.command not in ("generate", "compare", "run"):
+        return
+    if args.model not in zoo.MODEL_NAMES:
+        raise UsageError(f"--model {quote(args.model)}: unknown model; choose from {', '.join(zoo.MODEL_NAMES)}")
+    if args.command == "run":
+        zoo.check_prompt_file(args.model, args.prompts)
+        return
+    try:
+        zoo.check_prompts(args.model, [args.prompt])
+    except ValueError as exc:
+        raise UsageError(f"--prompt: {exc}") from exc

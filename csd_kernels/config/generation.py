@@ -15,19 +15,22 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
-from ..constants import BACKENDS, COUPLINGS
+from ..constants import BACKENDS, COUPLINGS, SEED_LIMIT
 from .acceptance import PARAMS
 from .acceptance import RULES as ACCEPTANCE_RULES
 from .modes import COUPLED_MODES, MODE_TABLE, MODES
 from .rules import ArgumentError, Rule, bool_rule, choice_rule, int_rule, real_rule
 
 __all__ = ["GenerationConfig", "RULES", "MODES", "DRAFT_INITS", "DEFAULT_COUPLING", "MAX_IMAGES", "MAX_SEED", "FLAGS",
-           "check", "check_settings", "check_generate"]
+           "check", "check_settings", "check_generate", "run_label"]
 
 DRAFT_INITS = ("uniform", "above")
 DEFAULT_COUPLING = "maximal"  # lossless-tested like the others, and the fewest passes (docs/decoding.md)
 MAX_IMAGES = 1024  # images the command line generates in one generate() call (--num, --batch-size)
-MAX_SEED = (1 << 63) - 1  # seeds are int64 on the device (verify takes [0, 2^64); generate adds the row index)
+MAX_SEED = SEED_LIMIT - 1  # a seed is an int in [0, 2^63) in verify, generate and the CLI (constants.SEED_LIMIT)
+# csd sweep --per-class: the held-out digits of the rarest class (zoo.digits_heldout_per_class(); a test holds them
+# equal)
+DIGITS_HELDOUT_PER_CLASS = 43
 
 # Where a field is a flag of the csd command: "every" sampling command (generate, compare, run) takes it as --name,
 # its default the model's; "own": each command declares it itself (its default or meaning differs per command);
@@ -173,9 +176,10 @@ RULES: dict[str, Rule] = {
        if GenerationConfig.field_info(name)["rule"] is not None},
     "seed": int_rule(0, MAX_SEED),  # an int on the command line (generate() also takes one per row: row_seeds)
     "num": int_rule(1, MAX_IMAGES),
+    "compare_num": int_rule(2, MAX_IMAGES),  # csd compare --num: a spread and a Fréchet distance are of a set
     "batch_size": int_rule(1, MAX_IMAGES),
     "seeds": int_rule(1, 1000),
-    "per_class": int_rule(1, 1000),
+    "per_class": int_rule(1, DIGITS_HELDOUT_PER_CLASS),
     "images": int_rule(2, 100_000),  # sweep prompts of a model without classes (a Fréchet distance needs two)
     "workers": int_rule(1, 256),
     "num_threads": int_rule(1, 4096, optional=True),
@@ -191,6 +195,13 @@ def check(name: str, value):
 def check_settings(**values) -> dict:
     """Every keyword checked by its rule; the checked values."""
     return {name: check(name, value) for name, value in values.items()}
+
+
+def run_label(mode: str, coupling: Optional[str] = None) -> str:
+    """How tables, plots and progress bars name a run: the mode, and for the modes that take a coupling
+    (modes.MODE_TABLE) the coupling of their next drafts (None: DEFAULT_COUPLING, what generate() uses), e.g. "ar",
+    "sjd+independent", "csd+maximal", "lantern+maximal"."""
+    return f"{mode}+{coupling or DEFAULT_COUPLING}" if MODE_TABLE[mode].coupling else mode
 
 
 def check_generate(mode: str, coupling: Optional[str] = None, **settings) -> Optional[str]:

@@ -25,7 +25,7 @@ import torch
 
 from .. import reference as ref
 from ..config.acceptance import rule_named
-from ..config.generation import DEFAULT_COUPLING, DRAFT_INITS, MODES, GenerationConfig, check_generate
+from ..config.generation import DEFAULT_COUPLING, DRAFT_INITS, MODES, GenerationConfig, check_generate, run_label
 from ..config.modes import MODE_TABLE
 from ..constants import COUPLINGS
 from ..models import get_adapter
@@ -140,7 +140,7 @@ def generate(
 
     with clock.phase("model"):
         prefill_passes = _prefill(adapter, input_ids, prompt_embeds, attention_mask, cfg.cfg_scale != 1.0)
-    bar = _progress_bar(cfg.progress, total, mode)
+    bar = _progress_bar(cfg.progress, total, run_label(mode, coupling))
     if static:
         tokens, maps, accepted = _run_static(adapter, run, batch, clock, bar, cuda_graph, cfg.compile)
     else:
@@ -238,12 +238,12 @@ class Clock:
         return dict(self.seconds, rest=total - sum(self.seconds.values()), total=total)
 
 
-def _progress_bar(progress: bool, total: int, mode: str):
+def _progress_bar(progress: bool, total: int, label: str):
     if not progress:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=f"csd_kernels {mode}", unit="tok")
+    return tqdm(total=total, desc=f"csd_kernels {label}", unit="tok")
 
 
 # ----------------------------------------------------------------------------------------------------------------------

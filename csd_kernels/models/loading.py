@@ -46,17 +46,6 @@ def refuse_options(name: str, **options) -> None:
         raise ValueError(f"--model {name} takes no {', '.join('--' + k.replace('_', '-') for k in given)}")
 
 
-def class_ids(prompts: list[str], classes: int, model: str) -> list[int]:
-    """The class ids that class-conditional prompts name ("3"); ValueError for one outside 0..classes-1."""
-    ids = []
-    for prompt in prompts:
-        text = str(prompt).strip()
-        if not text.isdigit() or not 0 <= int(text) < classes:
-            raise ValueError(f"prompt {prompt!r}: {model} takes a class id 0..{classes - 1}")
-        ids.append(int(text))
-    return ids
-
-
 def left_pad(rows: list[list[int]], pad: int, device: torch.device) -> dict:
     width = max(len(r) for r in rows)
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)

@@ -10,6 +10,7 @@ import torch
 
 from .. import reference as ref
 from ..config.acceptance import MAX_PARAMS, PARAMS, param_values, rule_named
+from ..config.rules import real_rule
 
 __all__ = ["FLOAT_DTYPES", "SeedLike", "check_real", "philox_word", "word_tensor", "check_logits", "check_device",
            "check_nucleus", "check_scalars", "check_rule", "rule_keywords", "CheckedRule"]
@@ -23,20 +24,21 @@ _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 def check_real(name: str, value, low: float = -math.inf, high: float = math.inf) -> float:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not number or not math.isfinite(value) or not low <= value <= high:
-        raise ValueError(f"{name} must be a finite number in [{low}, {high}], got {value!r}")
+        raise ValueError(f"{name} must be {real_rule(low, high).expected}, got {value!r}")
     return float(value)
 
 
 def philox_word(name: str, value: SeedLike, device: torch.device, *, allow_per_row: int = 0,
                 limit: int) -> Union[int, torch.Tensor]:
-    """The int64 bit pattern of a non-negative integer below ``limit``: a signed int for an int (see
-    :func:`word_tensor`), an int64 tensor [1] (or [allow_per_row]) for a tensor."""
+    """A non-negative integer below ``limit`` (at most constants.SEED_LIMIT = 2^63: an int64) as the op's word: the
+    int (see :func:`word_tensor`), or an int64 tensor [1] (or [allow_per_row]) as given (its values are not read:
+    no host sync)."""
     if isinstance(value, bool) or not isinstance(value, (int, torch.Tensor)):
         raise ValueError(f"{name} must be an int or an int64 tensor, got {type(value).__name__}")
     if isinstance(value, int):
         if not 0 <= value < limit:
-            raise ValueError(f"{name} must lie in [0, {limit}), got {value}")
-        return value - (1 << 64) if value >= (1 << 63) else value
+            raise ValueError(f"{name} must lie in [0, 2^{limit.bit_length() - 1}), got {value}")
+        return value
     sizes = (1, allow_per_row) if allow_per_row else (1,)
     if value.dtype != torch.int64 or value.numel() not in sizes or value.dim() > 1:
         raise ValueError(f"{name} must be an int64 tensor with {' or '.join(map(str, sizes))} element(s), got "

@@ -16,6 +16,7 @@ from .. import reference as ref
 from ..backends.compiled import compiled_extension, verify_rows
 from ..backends.spec import VERIFY_ARGS, VERIFY_RETURNS, Arg, VerifyArgs, schema
 from ..config.acceptance import params_by_name, rule_named
+from ..constants import SEED_LIMIT
 from .checks import (
     SeedLike,
     check_device,
@@ -202,7 +203,7 @@ def verify(
     (-1 = no draft), draft_probs [B, L, V] float32 or None (one-hot drafts; strides may be 0 for a uniform q),
     uncond_logits like target_logits, neighbours [V, K] integer (entries outside [0, V) lend nothing), start and
     positions [B] int (or an int for all rows),
-    seed an int in [0, 2^64) or an int64 tensor of 1 or B elements (B: one seed per row), offset an int in [0, 2^63)
+    seed an int in [0, 2^63) or an int64 tensor of 1 or B elements (B: one seed per row), offset an int in [0, 2^63)
     or an int64 tensor of 1 or B elements (B: one step-stream offset per row, row b uses offset[b]; values must lie
     in [0, 2^63)) (tensors keep the op CUDA-graph safe).
 
@@ -227,8 +228,8 @@ def verify(
     top_p, min_p = check_nucleus(top_p, min_p)
     start = _index_tensor("start", start, batch, device, high=length)
     positions = _index_tensor("positions", positions, batch, device)
-    seed = philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64)
-    offset = philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63)
+    seed = philox_word("seed", seed, device, allow_per_row=batch, limit=SEED_LIMIT)
+    offset = philox_word("offset", offset, device, allow_per_row=batch, limit=SEED_LIMIT)
     chosen = select_backend(backend, device)
     compiling = torch.compiler.is_compiling()
     if compiling or chosen != "triton":  # the eager Triton launch passes int seeds / offsets as kernel arguments

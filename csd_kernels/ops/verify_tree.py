@@ -17,6 +17,7 @@ from .. import reference as ref
 from ..backends.compiled import has_tree, verify_tree_rows
 from ..backends.spec import TREE_ARGS, TREE_RETURNS, Arg, TreeArgs, schema
 from ..config.acceptance import params_by_name
+from ..constants import SEED_LIMIT
 from .checks import (
     SeedLike,
     check_device,
@@ -138,7 +139,7 @@ def verify_tree(
 
     Shape: target_logits, uncond_logits [B, S, V] float32/bfloat16/float16 (S = the layout's slots); node_tokens
     [B, S] integer (slot 0 unused, -1: missing); draft_probs, sibling_probs [B, M, V] float32 (M = layout.levels);
-    seed an int in [0, 2^64) or int64 tensor of 1 or B elements, offset an int in [0, 2^63) or int64 tensor of 1 or
+    seed an int in [0, 2^63) or int64 tensor of 1 or B elements, offset an int in [0, 2^63) or int64 tensor of 1 or
     B elements. Returns TreeResult: accept_len [B] int64, path, tokens [B, M + 1] int64, accept_prob, entropy, tvd,
     distortion [B, M + 1] float32, status [B] int32.
     """
@@ -163,8 +164,8 @@ def verify_tree(
                                                      "independent")
     checked = check_rule(rule, rule_keywords(rule_params, "verify_tree"), neighbours, vocab, device)
     top_p, min_p = check_nucleus(top_p, min_p)
-    seed = word_tensor(philox_word("seed", seed, device, allow_per_row=batch, limit=1 << 64), device)
-    offset = word_tensor(philox_word("offset", offset, device, allow_per_row=batch, limit=1 << 63), device)
+    seed = word_tensor(philox_word("seed", seed, device, allow_per_row=batch, limit=SEED_LIMIT), device)
+    offset = word_tensor(philox_word("offset", offset, device, allow_per_row=batch, limit=SEED_LIMIT), device)
     chosen = select_tree_backend(backend, device)
     compiling = torch.compiler.is_compiling()
     on_device = layout.children.device == device

@@ -8,10 +8,11 @@
     DIR/logs/rank<r>.log           one log per rank (appended to by every run)
     DIR/summary.json, DIR/summary.txt   written by rank 0 at the end
 
-Every file is written to a temporary name in the same folder and renamed (``os.replace``), so a killed run never
-leaves a half-written file under a final name; the PNG is written before its JSON, and an image is complete when
-its JSON parses, belongs to this run (mode, index, prompt, seed, token count) and holds the sha256 of the PNG bytes
-on disk.
+Every file is written to a temporary name in the same folder and renamed (``fileio.outputs.write_atomic``), so a
+killed run never leaves a half-written file under a final name, and a failed write (a full disk) removes its
+temporary file; the PNG is written before its JSON, and an image is complete when its JSON parses, belongs to this
+run (mode, index, prompt, seed, token count) and holds the sha256 of the PNG bytes on disk. The summary's two files
+are put in place together (``fileio.outputs.Output``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from typing import Optional
 import numpy as np
 
 from ..config.generation import GenerationConfig
+from ..fileio.outputs import TMP_SUFFIX, OutputError, describe_failure, write_atomic
 from .usage import UsageError
 
-__all__ = ["MANIFEST", "LOCK", "SUMMARY", "TABLE", "LOG_DIR", "FORMAT", "SETTINGS", "atomic_write", "json_bytes",
+__all__ = ["MANIFEST", "LOCK", "SUMMARY", "TABLE", "LOG_DIR", "FORMAT", "SETTINGS", "json_bytes",
            "png_bytes", "item_paths", "item_complete", "RunLock", "check_manifest", "clean_temporaries"]
 
 MANIFEST = "run.json"
@@ -38,23 +40,11 @@ SUMMARY = "summary.json"
 TABLE = "summary.txt"
 LOG_DIR = "logs"
 FORMAT = 1
-_TMP_SUFFIX = ".tmp"
 # the settings a run records in run.json (with the model's defaults filled in), and their flags: GenerationConfig's
 # fields that every sampling command takes as a flag
 SETTINGS = {name: "--" + name.replace("_", "-") for name in GenerationConfig.names(flag="every")}
 _RECORD_KEYS = ("mode", "index", "prompt", "seed", "forward_passes", "accepted", "mean_distortion", "wall_seconds",
                 "tokens", "png_sha256")
-
-
-def atomic_write(path: str, data: bytes) -> None:
-    """Write ``data`` to a temporary file next to ``path``, fsync it, then rename it over ``path``."""
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}{_TMP_SUFFIX}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def json_bytes(obj) -> bytes:
@@ -136,8 +126,14 @@ class RunLock:
                        else "unreadable lock file")
                 raise UsageError(f"--out {os.path.dirname(self.path)}: the folder is in use by another run ({who}); "
                                  f"wait for it, or remove {self.path} if that run is dead") from None
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(me, f)
+            except BaseException as exc:  # (a full disk: no empty lock that would refuse every rerun)
+                os.unlink(self.path)
+                if isinstance(exc, OSError):
+                    raise OutputError(describe_failure(exc, self.path), "nothing else was written") from exc
+                raise
             self.held = True
             return self
         raise UsageError(f"--out {os.path.dirname(self.path)}: could not take the lock {self.path}")
@@ -175,7 +171,7 @@ def check_manifest(out_dir: str, manifest: dict) -> bool:
     """Write run.json, or compare it with the existing one. True when resuming."""
     path = os.path.join(out_dir, MANIFEST)
     if not os.path.exists(path):
-        atomic_write(path, json_bytes(manifest))
+        write_atomic(path, json_bytes(manifest), kept=f"nothing was written to {out_dir}")
         return False
     try:
         with open(path, encoding="utf-8") as f:
@@ -208,7 +204,7 @@ def clean_temporaries(out_dir: str, modes) -> int:
         if not os.path.isdir(folder):
             continue
         for name in os.listdir(folder):
-            if name.startswith(".") and name.endswith(_TMP_SUFFIX):
+            if name.startswith(".") and name.endswith(TMP_SUFFIX):
                 try:
                     os.unlink(os.path.join(folder, name))
                     removed += 1

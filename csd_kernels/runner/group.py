@@ -80,13 +80,6 @@ class Dist:
             self.owned = self.active = False
 
 
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def cpu_count() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -101,10 +94,18 @@ def rank_logger(out_dir: str, rank: int, quiet: bool) -> logging.Logger:
     log.propagate = False
     for handler in list(log.handlers):
         log.removeHandler(handler)
-    handler = logging.FileHandler(os.path.join(out_dir, LOG_DIR, f"rank{rank}.log"))
+    handler = _LogFile(os.path.join(out_dir, LOG_DIR, f"rank{rank}.log"))
     handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} pid {os.getpid()} %(levelname)s %(message)s"))
     log.addHandler(handler)
     return log
+
+
+class _LogFile(logging.FileHandler):
+    """A rank's log file that never prints a traceback when a line cannot be written (a full disk: the images the run
+    writes next fail, and the command says so in one line); the line is lost."""
+
+    def handleError(self, record) -> None:
+        pass
 
 
 def close_logger(log: logging.Logger) -> None:

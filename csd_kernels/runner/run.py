@@ -28,6 +28,9 @@ from .. import zoo
 from ..config.modes import COUPLED_MODES
 from ..decoding import MODES, GenerationConfig, generate
 from ..decoding.validation import TREE_MODES, check, check_backend, check_generate, check_tree
+from ..fileio.inputs import read_prompt_lines, read_prompts
+from ..fileio.outputs import Output, OutputError, write_atomic
+from ..fileio.signals import Interrupted
 from .files import (
     FORMAT,
     LOCK,
@@ -36,7 +39,6 @@ from .files import (
     SUMMARY,
     TABLE,
     RunLock,
-    atomic_write,
     check_manifest,
     clean_temporaries,
     item_complete,
@@ -75,20 +77,6 @@ def work_items(num_prompts: int, modes) -> list[tuple[str, int]]:
 def shard(items: list, rank: int, world_size: int) -> list:
     """Item g goes to rank g % world_size."""
     return items[rank::world_size]
-
-
-def read_prompts(path: str) -> list[str]:
-    """One prompt per non-blank line (surrounding whitespace stripped); prompt index = position among those lines."""
-    if not os.path.isfile(path):
-        raise UsageError(f"--prompts {path}: no such file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            prompts = [line.strip() for line in f if line.strip()]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--prompts {path}: cannot read the file ({exc})") from exc
-    if not prompts:
-        raise UsageError(f"--prompts {path}: the file has no prompts (one per line expected)")
-    return prompts
 
 
 def parse_modes(text) -> list[str]:
@@ -138,6 +126,7 @@ def run(model: str, prompts_file: str, modes, out: str, *, seed: int = 0, batch_
     ctx = Dist.init()
     threads = torch.get_num_threads()
     lock, log, ok = None, None, False
+    existed = os.path.isdir(out)
     try:
         spec.modes = _same_verdict(ctx, lambda: _check_arguments(spec, num_threads, ctx.device))
         _set_threads(ctx, num_threads)
@@ -153,6 +142,12 @@ def run(model: str, prompts_file: str, modes, out: str, *, seed: int = 0, batch_
         log.info("done: %d images generated in this run", written)
         ok = True
         return summary
+    except (OutputError, Interrupted) as exc:  # one line: what happened and what the user still has
+        if log is not None:
+            log.error("stopped: %s", exc)
+        started = os.path.isfile(os.path.join(spec.out, MANIFEST))
+        exc.kept = _kept(spec, existed) if started or not exc.kept else exc.kept
+        raise
     finally:
         if log is not None:
             close_logger(log)
@@ -162,6 +157,20 @@ def run(model: str, prompts_file: str, modes, out: str, *, seed: int = 0, batch_
             lock.release()
         ctx.close()
         torch.set_num_threads(threads)
+
+
+def _kept(spec: RunSpec, existed: bool) -> str:
+    """What a stopped run leaves: the complete images in the folder (each JSON marks one), and how to go on."""
+    if not os.path.isfile(os.path.join(spec.out, MANIFEST)):
+        return f"nothing was written to {spec.out}" if not existed else f"{spec.out} holds no images of this run"
+    modes = [m for m in os.listdir(spec.out) if m in MODES and os.path.isdir(os.path.join(spec.out, m))]
+    done = sum(name.endswith(".json") and not name.startswith(".") for m in modes
+               for name in os.listdir(os.path.join(spec.out, m)))
+    try:
+        total = f" of {len(read_prompts(spec.prompts_file)) * len(modes)}"
+    except ValueError:
+        total = ""
+    return f"{done}{total} images kept in {spec.out}; rerun the same command to resume"
 
 
 def _same_verdict(ctx: Dist, check):
@@ -216,29 +225,29 @@ def _take_folder(ctx: Dist, spec: RunSpec) -> dict:
     if ctx.rank == 0:
         try:
             setup = {"error": None, **_prepare(spec, ctx.device)}
-        except UsageError as exc:
-            setup = {"error": str(exc)}
+        except (UsageError, OutputError) as exc:  # (a full disk writing run.json: every rank stops)
+            failure, setup = exc, {"error": str(exc)}
     lock = setup.pop("lock", None) if setup else None
     setup = ctx.broadcast(setup)
     if setup["error"] is not None:
         if ctx.rank == 0:
-            raise UsageError(setup["error"])
+            raise failure
         raise SystemExit(2)
     return dict(setup, lock=lock)
 
 
 def _prepare(spec: RunSpec, device: torch.device) -> dict:
     """Rank 0: prompts, model and settings checked, the folder locked, run.json written or matched."""
-    prompts = read_prompts(spec.prompts_file)
     try:
+        prompts = zoo.check_prompt_file(spec.model, spec.prompts_file)  # (by the grammar: before the model loads)
         entry = zoo.load(spec.model, device=device, **spec.model_options)
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from exc
-    for line, prompt in enumerate(prompts):
+    for number, prompt in read_prompt_lines(spec.prompts_file):  # (what only the loaded model knows: a class count)
         try:
             entry.prompt_inputs([prompt])
         except ValueError as exc:
-            raise UsageError(f"--prompts {spec.prompts_file}: prompt {line} ({prompt!r}): {exc}") from exc
+            raise UsageError(f"--prompts {spec.prompts_file}: line {number}: {exc}") from exc
     settings = _generate_settings(entry, spec.generate_kwargs)
     with as_flags():  # the model's defaults filled in
         check_generate("csd", spec.coupling, **{k: v for k, v in settings.items() if k != "backend"})
@@ -334,20 +343,22 @@ def _generate_share(ctx: Dist, spec: RunSpec, entry, prompts: list, settings: di
         bar = tqdm(total=len(prompts) * len(spec.modes), initial=sum(c[0] for c in counts), desc="csd run", unit="img")
     crash_after = _crash_after(ctx.rank)
     written = 0
-    for step in range(max(c[1] for c in counts)):
-        if step < len(share.batches):
-            for record in _generate_batch(ctx, spec, entry, prompts, settings, share.batches[step], log, step,
-                                          len(share.batches)):
-                share.records.append(record)
-                written += 1
-                if crash_after is not None and written >= crash_after:
-                    log.error("%s: crashing after %d images (test hook)", CRASH_ENV, written)
-                    raise RuntimeError(f"{CRASH_ENV}: rank {ctx.rank} stops after {written} images (test hook)")
-        done = ctx.all_gather(len(share.records))
+    try:
+        for step in range(max(c[1] for c in counts)):
+            if step < len(share.batches):
+                for record in _generate_batch(ctx, spec, entry, prompts, settings, share.batches[step], log, step,
+                                              len(share.batches)):
+                    share.records.append(record)
+                    written += 1
+                    if crash_after is not None and written >= crash_after:
+                        log.error("%s: crashing after %d images (test hook)", CRASH_ENV, written)
+                        raise RuntimeError(f"{CRASH_ENV}: rank {ctx.rank} stops after {written} images (test hook)")
+            done = ctx.all_gather(len(share.records))
+            if bar is not None:
+                bar.update(sum(done) - bar.n)
+    finally:
         if bar is not None:
-            bar.update(sum(done) - bar.n)
-    if bar is not None:
-        bar.close()
+            bar.close()
     return written
 
 
@@ -384,8 +395,8 @@ def _generate_batch(ctx: Dist, spec: RunSpec, entry, prompts: list, settings: di
         if images is not None:  # (a model without a pixel decoder writes the JSON only)
             data = png_bytes(images[row])
             record["png_sha256"] = hashlib.sha256(data).hexdigest()
-            atomic_write(png_path, data)  # the PNG first: the JSON (with its checksum) marks completion
-        atomic_write(meta_path, json_bytes(record))
+            write_atomic(png_path, data)  # the PNG first: the JSON (with its checksum) marks completion
+        write_atomic(meta_path, json_bytes(record))
         yield record
 
 
@@ -410,8 +421,9 @@ def _finish(ctx: Dist, spec: RunSpec, entry, setup: dict, share: Share, written:
         return None
     summary = summarize(gathered, spec.modes, setup["prompts"], entry, setup["manifest"], tokens_per_image,
                         ctx.world_size, spec.batch_size, time.perf_counter() - begin)
-    atomic_write(os.path.join(spec.out, SUMMARY), json_bytes(summary))
-    atomic_write(os.path.join(spec.out, TABLE), (summary["table"] + "\n").encode())
+    with Output(spec.out) as output:  # the two together: a failure leaves the earlier summary as it was
+        output.write(SUMMARY, json_bytes(summary))
+        output.write(TABLE, summary["table"] + "\n")
     if not quiet:
         print(summary["table"])
         print(f"{summary['images']} images in {spec.out} ({summary['generated_this_run']} generated now, "

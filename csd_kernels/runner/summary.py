@@ -8,7 +8,9 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-__all__ = ["summarize", "format_table", "spread"]
+from ..config.generation import run_label
+
+__all__ = ["summarize", "format_table", "spread", "unmeasured_note"]
 
 
 def spread(values) -> dict:
@@ -56,21 +58,35 @@ def summarize(gathered, modes, prompts, entry, manifest, tokens_per_image, world
     return summary
 
 
+def unmeasured_note(labels: list[str]) -> str:
+    """What a '-' in a table of runs means (the measures ``labels`` had no value: e.g. a background accuracy where no
+    prompt names a background, a Fréchet distance of one image)."""
+    return f"-: no value of {', '.join(labels)} for these images and prompts"
+
+
 def format_table(summary: dict) -> str:
+    """One row per mode, named as compare and sweep name runs (sjd and csd with the run's coupling); a measure a mode
+    has no value for is a '-'."""
     per_mode = summary["per_mode"]
     measures = summary["measures"]  # the model's quality measures (zoo.Measure as dicts), shown where one was measured
     if not any(m["name"] in s for m in measures for s in per_mode.values()):
         measures = []
-    header = (f"{'mode':6} {'images':>7} {'passes/img':>16} {'speed-up':>9} {'wall s':>9} {'s/img':>8} "
+    labels = {mode: run_label(mode, summary.get("coupling")) for mode in per_mode}
+    width = max(6, *map(len, labels.values()))
+    header = (f"{'mode':{width}} {'images':>7} {'passes/img':>16} {'speed-up':>9} {'wall s':>9} {'s/img':>8} "
               f"{'distortion':>10}")
-    header += "".join(f" {m['label']:>9}" for m in measures)
+    header += "".join(f" {m['label']:>10}" for m in measures)
     lines = [header, "-" * len(header)]
     for mode, s in per_mode.items():
         passes = s["forward_passes_per_image"]
-        line = (f"{mode:6} {s['images']:7d} {passes['mean']:9.1f}±{passes['std']:<6.1f} {s['speedup_vs_ar']:8.2f}x "
-                f"{s['wall_seconds']:9.2f} {s['wall_seconds_per_image']:8.3f} {s['mean_distortion']:10.4f}")
-        line += "".join(f" {s.get(m['name'], float('nan')):9{m['fmt']}}" for m in measures)
+        line = (f"{labels[mode]:{width}} {s['images']:7d} {passes['mean']:9.1f}±{passes['std']:<6.1f} "
+                f"{s['speedup_vs_ar']:8.2f}x {s['wall_seconds']:9.2f} {s['wall_seconds_per_image']:8.3f} "
+                f"{s['mean_distortion']:10.4f}")
+        line += "".join(f" {format(s[m['name']], m['fmt']) if m['name'] in s else '-':>10}" for m in measures)
         lines.append(line)
+    missing = [m["label"] for m in measures if any(m["name"] not in s for s in per_mode.values())]
+    if missing:
+        lines.append(unmeasured_note(missing))
     lines.append(f"({summary['world_size']} process(es); wall s = generation seconds summed over ranks; speed-up = "
                  f"ar passes / passes per image)")
     return "\n".join(lines)

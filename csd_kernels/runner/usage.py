@@ -10,9 +10,9 @@ import re
 from typing import Optional
 
 from ..config.rules import ArgumentError
+from ..fileio.inputs import shorten
 
-__all__ = ["UsageError", "flag_error", "as_flags", "writable_dir", "check_out", "GENERATE_FILES", "claim_generate_dir",
-           "clear_generate_files"]
+__all__ = ["UsageError", "flag_error", "as_flags", "writable_dir", "check_out", "GENERATE_FILES", "claim_generate_dir"]
 
 
 class UsageError(ValueError):
@@ -22,7 +22,7 @@ class UsageError(ValueError):
 def flag_error(exc: ArgumentError, flag: Optional[str] = None) -> UsageError:
     """The API's ArgumentError as the command line says it: ``--window 0: expected an int >= 1``."""
     flag = flag or "--" + exc.name.replace("_", "-")
-    return UsageError(f"{flag} {exc.value}: expected {exc.expected.removeprefix('None or ')}")
+    return UsageError(f"{flag} {shorten(exc.value)}: expected {exc.expected.removeprefix('None or ')}")
 
 
 @contextlib.contextmanager
@@ -60,11 +60,33 @@ def check_out(path: str, flag: str = "--out") -> str:
         raise UsageError(f"{flag} {path}: {existing} is not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {path}: {existing} is not writable")
+    if existing != os.path.abspath(path):
+        _probe_create(path, existing, flag)
     return path
 
 
+def _probe_create(path: str, existing: str, flag: str) -> None:
+    """Creates the missing folders of ``path`` and removes them again: a folder that cannot be made (/proc, a
+    read-only mount) is refused now, before the work, and nothing is left."""
+    missing, folder = [], os.path.abspath(path)
+    while folder != existing:
+        missing.insert(0, folder)
+        folder = os.path.dirname(folder)
+    made = []
+    try:
+        for folder in missing:
+            os.mkdir(folder)
+            made.append(folder)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot create the folder ({exc.strerror})") from None
+    finally:
+        for folder in reversed(made):
+            os.rmdir(folder)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
-# csd generate's folder: stats.json (with "command": "csd generate") marks it; its files are replaced by a rerun
+# csd generate's folder: stats.json (with "command": "csd generate") marks it; a rerun replaces its files, all at once
+# (fileio.outputs.Output with replaces=GENERATE_FILES)
 # ----------------------------------------------------------------------------------------------------------------------
 GENERATE_FILES = re.compile(r"img_\d{3,}\.png|grid\.png|maps\.png|tokens\.json|stats\.json")
 _STATS_KEYS = {"model", "prompt", "mode", "num", "seed", "parameters"}  # stats.json of csd generate, any version
@@ -84,15 +106,6 @@ def claim_generate_dir(path: str, flag: str = "--out") -> None:
         raise UsageError(f"{flag} {path}: the folder holds files csd generate did not write ({', '.join(foreign[:3])}"
                          f"{', ...' if len(foreign) > 3 else ''}) and it replaces its folder's images: give an empty "
                          "or new folder")
-
-
-def clear_generate_files(path: str) -> list[str]:
-    """Removes the files of an earlier csd generate run in ``path`` (its names only); returns their names."""
-    removed = sorted(name for name in os.listdir(path)
-                     if GENERATE_FILES.fullmatch(name) and os.path.isfile(os.path.join(path, name)))
-    for name in removed:
-        os.unlink(os.path.join(path, name))
-    return removed
 
 
 def _generate_stats(path: str) -> bool:

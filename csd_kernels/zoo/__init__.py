@@ -15,20 +15,24 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Optional
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Optional
 
 from ..config.generation import GenerationConfig
-from ..models.loading import class_ids
+from ..fileio.inputs import InputError, quote, read_prompt_lines
 from ..models.registry import Measure, ZooModel, command_models
 
-__all__ = ["MODELS", "MODEL_NAMES", "MEASURED_MODELS", "DIGITS_MEASURES", "Measure", "ZooModel", "describe_options",
-           "load", "measurement_prompts"]
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+__all__ = ["MODELS", "MODEL_NAMES", "MEASURED_MODELS", "DIGITS_MEASURES", "Measure", "ZooModel", "check_prompts",
+           "check_prompt_file",
+           "describe_options", "load", "measurement_prompts"]
 
 DIGITS_MEASURES = (Measure("accuracy", "accuracy", True, "classifier accuracy"),
                    Measure("frechet", "Fréchet", False, "Fréchet distance to real digits", ".2f", log_scale=True))
+# torch-free checks of each shipped model's prompts (the command runs them before it loads the model)
+SHIPPED_PROMPTS = {"digits": "csd_kernels.zoo.digits.prompts:check", "scenes": "csd_kernels.zoo.scenes.prompts:check"}
 MEASURED_MODELS = ("digits", "scenes")  # the shipped models with quality measures (csd sweep)
 
 
@@ -36,13 +40,15 @@ def _no_options(name: str, options: dict) -> None:
     given = sorted(k for k, v in options.items() if v is not None)
     if given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
-        raise ValueError(f"--model {name} ships its weights: {flags} do not apply")
+        raise ValueError(f"--model {name} ships its weights: {flags} {'does' if len(given) == 1 else 'do'} not "
+                         "apply")
 
 
 def _digits(device: Optional[torch.device] = None, **options) -> ZooModel:
     _no_options("digits", options)
     from ..models import ImageGPT
     from .digits import DEFAULT_CFG, GRID, NULL_TOKEN_ID, NUM_CLASSES, NUM_CODES, load_codebook, load_lm, prompt_ids
+    from .digits.prompts import check
 
     codebook = load_codebook()
     lm = load_lm() if device is None else load_lm().to(device)
@@ -50,7 +56,7 @@ def _digits(device: Optional[torch.device] = None, **options) -> ZooModel:
                      decode=lambda tokens: codebook.decode(tokens.cpu()), codebook=codebook.values)
 
     def parse(prompts: list[str]) -> dict:
-        ids = prompt_ids(class_ids(prompts, NUM_CLASSES, "the digits model"))
+        ids = prompt_ids(check(prompts))
         return {"input_ids": ids if device is None else ids.to(device)}
 
     def measure(tokens: torch.Tensor, prompts: list[str]) -> dict:
@@ -75,8 +81,10 @@ def _scenes(device: Optional[torch.device] = None, weights: Optional[str] = None
 
 def measurement_prompts(name: str, per_class: Optional[int] = None, images: Optional[int] = None) -> list[str]:
     """The prompts a measurement of ``name`` generates (``csd sweep``): digits each class ``per_class`` times (default
-    8), scenes a fixed mix of ``images`` prompts (default 64; 1-3 objects uniformly, ``world.random_prompts(images,
-    seed=0)``). ValueError, one line, for a model without a quality measure or the flag that does not apply."""
+    8), scenes a fixed mix of ``images`` prompts on the textured backgrounds, clouds and waves in turn (default 64;
+    1-3 objects uniformly, ``world.random_prompts(images, seed=0, backgrounds=world.TEXTURES)``: the regime of real
+    image models, where a token depends on its neighbours). ValueError, one line, for a model without a quality
+    measure or the flag that does not apply."""
     if name == "digits":
         if images is not None:
             raise ValueError("--images does not apply to --model digits (its prompts are the ten classes): "
@@ -86,15 +94,17 @@ def measurement_prompts(name: str, per_class: Optional[int] = None, images: Opti
         if per_class is not None:
             raise ValueError("--per-class does not apply to --model scenes (it has no classes; its prompts are a "
                              "fixed mix): use --images N")
-        from .scenes import random_prompts
+        from .scenes.world import TEXTURES, random_prompts
 
-        return random_prompts(64 if images is None else images, seed=0)
+        return random_prompts(64 if images is None else images, seed=0, backgrounds=TEXTURES)
     raise ValueError(f"--model {name}: csd sweep needs a quality measure; only {' and '.join(MEASURED_MODELS)} "
                      "have one")
 
 
-def _digits_quality(images: torch.Tensor, prompts: list[str]) -> dict:
+def _digits_quality(images: "torch.Tensor", prompts: list[str]) -> dict:
     """Classifier accuracy and Fréchet distance to the train-split digits of the prompted classes."""
+    import numpy as np
+
     from .digits import quality
 
     labels = np.array([int(p) for p in prompts])
@@ -105,8 +115,10 @@ def _digits_quality(images: torch.Tensor, prompts: list[str]) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _digits_train_features(classes: tuple[int, ...]) -> np.ndarray:
+def _digits_train_features(classes: tuple[int, ...]) -> "np.ndarray":
     """Classifier features of the train-split digits of the prompted classes (the Fréchet reference set)."""
+    import numpy as np
+
     from .digits import quality
 
     _, _, y, _ = quality.data_split()
@@ -115,14 +127,18 @@ def _digits_train_features(classes: tuple[int, ...]) -> np.ndarray:
 
 def digits_heldout_per_class() -> int:
     """Held-out (test-split) digits of the rarest class: the most images per class the held-out ceiling can match."""
+    import numpy as np
+
     from .digits import quality
 
     _, _, _, y = quality.data_split()
     return int(np.bincount(y).min())
 
 
-def _digits_heldout_images(prompts: list[str], seed: int) -> torch.Tensor:
+def _digits_heldout_images(prompts: list[str], seed: int) -> "torch.Tensor":
     """Held-out (test-split) digits [N, 32, 32], one per prompt of its class, drawn without replacement by ``seed``."""
+    import numpy as np
+
     from .digits import quality, upsample
 
     _, x8, _, y = quality.data_split()
@@ -136,7 +152,7 @@ def _digits_heldout_images(prompts: list[str], seed: int) -> torch.Tensor:
 
 
 # Every --model name, one entry each: the models shipped in zoo/, then the families with a command-line loader.
-MODELS = command_models({"digits": _digits, "scenes": _scenes})
+MODELS = command_models({"digits": _digits, "scenes": _scenes}, SHIPPED_PROMPTS)
 MODEL_NAMES = tuple(entry.name for entry in MODELS)
 
 
@@ -148,10 +164,51 @@ def load(name: str, *, device=None, **options) -> ZooModel:
     (see the family's command.py); ValueError with one line saying what is wrong (unknown name, missing file, a folder
     that is not such a checkpoint, an option that does not apply).
     """
+    import torch
+
+    return _entry(name).load(device=None if device is None else torch.device(device), **options)
+
+
+def _entry(name: str):
     entry = next((entry for entry in MODELS if entry.name == name), None)
     if entry is None:
-        raise ValueError(f"--model {name!r}: unknown model; choose from {', '.join(MODEL_NAMES)}")
-    return entry.load(device=None if device is None else torch.device(device), **options)
+        raise ValueError(f"--model {quote(name)}: unknown model; choose from {', '.join(MODEL_NAMES)}")
+    return entry
+
+
+def check_prompts(name: str, prompts: list) -> None:
+    """ValueError (one line) for a prompt ``--model name`` cannot take, decided without loading the model (or
+    torch); a prompt that another shipped model takes says which."""
+    try:
+        _entry(name).check_prompts(prompts)
+    except ValueError as exc:
+        for prompt in prompts:
+            others = [other.name for other in MODELS if other.name != name and other.name in SHIPPED_PROMPTS
+                      and _takes(other, prompt)]
+            if not _takes(_entry(name), prompt) and others:
+                raise ValueError(f"{exc}; it is a prompt of {' and '.join('--model ' + o for o in others)}") from exc
+        raise
+
+
+def check_prompt_file(name: str, path: str, flag: str = "--prompts") -> list[str]:
+    """The prompts of the file ``path`` (one a line), each checked as :func:`check_prompts` does; InputError naming
+    the flag, the path and the line."""
+    entry = _entry(name)
+    lines = read_prompt_lines(path, flag)
+    for number, prompt in lines:
+        try:
+            check_prompts(entry.name, [prompt])
+        except ValueError as exc:
+            raise InputError(flag, path, f"line {number}: {exc}") from None
+    return [prompt for _, prompt in lines]
+
+
+def _takes(entry, prompt) -> bool:
+    try:
+        entry.check_prompts([prompt])
+    except ValueError:
+        return False
+    return True
 
 
 def describe_options(options: dict) -> dict:

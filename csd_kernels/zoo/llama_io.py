@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from ..fileio.inputs import InputError, check_folder, check_safetensors, read_json, shorten
+
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
@@ -49,23 +51,34 @@ def save_llama(lm, weights_dir: str | os.PathLike, dtype: torch.dtype = torch.fl
 
 
 def load_llama(weights_dir: str | os.PathLike, what: str, attn_implementation: str = "sdpa", dtype=torch.float32,
-               model_class=None):
+               model_class=None, flag: str = "--weights"):
     """Load a model written by :func:`save_llama` (as ``model_class``, default ``LlamaForCausalLM``), in eval mode;
-    every tensor must match the config."""
+    every tensor must match the config. A missing or damaged file (config.json that is not JSON, a truncated
+    safetensors file, tensors of another model) is an :class:`~csd_kernels.fileio.inputs.InputError` naming ``flag``
+    and the file, raised before anything is built."""
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
     d = Path(weights_dir)
-    cfg_path, w_path = d / CONFIG_FILE, d / MODEL_FILE
-    if not cfg_path.is_file() or not w_path.is_file():
-        raise FileNotFoundError(f"no trained {what} LM in {d} (expected {CONFIG_FILE} and {MODEL_FILE})")
-    cfg_dict = json.loads(cfg_path.read_text())
+    check_folder(str(d), flag, f"a {what} model folder ({CONFIG_FILE} and {MODEL_FILE})", (CONFIG_FILE, MODEL_FILE))
+    cfg_path, w_path = str(d / CONFIG_FILE), str(d / MODEL_FILE)
+    cfg_dict = read_json(cfg_path, flag, "a JSON object of LlamaConfig fields")
+    header = check_safetensors(w_path, flag)
     for k in ("_attn_implementation", "attn_implementation", "transformers_version", "architectures"):
         cfg_dict.pop(k, None)
-    lm = (model_class or LlamaForCausalLM)(LlamaConfig(**cfg_dict, attn_implementation=attn_implementation))
-    sd = {k: v.to(dtype) for k, v in load_file(str(w_path)).items()}
-    missing, unexpected = lm.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not k.endswith("rotary_emb.inv_freq")]
+    try:
+        lm = (model_class or LlamaForCausalLM)(LlamaConfig(**cfg_dict, attn_implementation=attn_implementation))
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise InputError(flag, cfg_path, f"not a config of a {what} model ({shorten(exc)})") from exc
+    missing = [k for k in lm.state_dict() if k not in header and not k.endswith("rotary_emb.inv_freq")]
+    unexpected = [k for k in header if k not in lm.state_dict()]
     if missing or unexpected:
-        raise RuntimeError(f"weights in {w_path} do not match the config: missing={missing}, unexpected={unexpected}")
+        example = (missing + unexpected)[0]
+        raise InputError(flag, w_path, f"tensors of another model than its {CONFIG_FILE} describes ({len(missing)} "
+                                       f"missing, {len(unexpected)} unexpected, e.g. {example})")
+    try:
+        sd = {k: v.to(dtype) for k, v in load_file(w_path).items()}
+        lm.load_state_dict(sd, strict=False)
+    except (RuntimeError, OSError) as exc:  # (shapes of another config)
+        raise InputError(flag, w_path, f"tensors that do not fit its {CONFIG_FILE} ({shorten(exc)})") from exc
     return lm.to(dtype).eval()

@@ -9,14 +9,15 @@ class ids. (Text-conditional LlamaGen needs T5 caption features: use the Python 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Optional
 
 import torch
 
-from ..loading import class_ids, loading, placement, refuse_options, require_path
+from ...fileio.inputs import read_json
+from ..loading import loading, placement, refuse_options, require_path
+from ..prompts import class_ids
 from ..registry import ZooModel
 from .loader import load_llamagen
 
@@ -29,14 +30,7 @@ def _config(config: Optional[str]) -> tuple:
         raise ValueError("--config is required for llamagen: the upstream model name, e.g. GPT-B for c2i_B_256.pt")
     if not config.endswith(".json"):
         return config, {}
-    require_path(config, "--config", "JSON file of LlamaGen ModelArgs fields")
-    try:
-        with open(config, encoding="utf-8") as f:
-            fields = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"--config {config}: not a JSON file of ModelArgs fields ({exc})") from exc
-    if not isinstance(fields, dict):
-        raise ValueError(f"--config {config}: expected a JSON object of ModelArgs fields")
+    fields = read_json(config, "--config", "a JSON object of LlamaGen ModelArgs fields")
     extra = {key: fields.pop(key) for key in ("vq_config", "downsample") if key in fields}
     return fields, extra
 

@@ -6,24 +6,18 @@
 * :mod:`.quality` – classifier accuracy / Fréchet distance (CLIP-score / FID analogues).
 * :mod:`.train` – ``python -m csd_kernels.zoo.digits.train --out DIR``.
 
-Submodules import torch/transformers lazily enough that importing this package is cheap.
+Importing this package imports no torch (the command checks a digits prompt with :mod:`.prompts` before it
+loads anything): the names below load from their module on first use.
 """
 
-from .model import (  # noqa: F401
-    CLASS_TOKEN_OFFSET,
-    DEFAULT_CFG,
-    GRID,
-    NULL_TOKEN_ID,
-    NUM_CLASSES,
-    NUM_CODES,
-    PROMPT_LEN,
-    VOCAB_SIZE,
-    WEIGHTS_DIR,
-    build_lm,
-    cfg_logits,
-    load_codebook,
-    load_lm,
-    prompt_ids,
-    sample_ar,
-)
-from .tokenizer import PatchCodebook, digits_dataset, to_uint8, upsample  # noqa: F401
+from ..._lazy import lazy_package
+
+__all__ = ["CLASS_TOKEN_OFFSET", "DEFAULT_CFG", "GRID", "NULL_TOKEN_ID", "NUM_CLASSES", "NUM_CODES", "PROMPT_LEN",
+           "VOCAB_SIZE", "WEIGHTS_DIR", "build_lm", "cfg_logits", "load_codebook", "load_lm", "prompt_ids",
+           "sample_ar", "PatchCodebook", "digits_dataset", "to_uint8", "upsample"]
+lazy_package(__name__, {
+    **dict.fromkeys(("CLASS_TOKEN_OFFSET", "DEFAULT_CFG", "GRID", "NULL_TOKEN_ID", "NUM_CLASSES", "NUM_CODES",
+                     "PROMPT_LEN", "VOCAB_SIZE", "WEIGHTS_DIR", "build_lm", "cfg_logits", "load_codebook", "load_lm",
+                     "prompt_ids", "sample_ar"), ".model"),
+    **dict.fromkeys(("PatchCodebook", "digits_dataset", "to_uint8", "upsample"), ".tokenizer"),
+})

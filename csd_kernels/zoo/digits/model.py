@@ -18,10 +18,10 @@ import torch
 
 from ...models.protocol import cache_kwarg, crop_cache  # one definition of the cache helpers
 from ..llama_io import CONFIG_FILE, MODEL_FILE, build_llama, llama_config, load_llama, save_llama
+from .prompts import NUM_CLASSES
 from .tokenizer import GRID, TOKENS_PER_IMAGE, PatchCodebook
 
 NUM_CODES = 512
-NUM_CLASSES = 10
 CLASS_TOKEN_OFFSET = NUM_CODES
 NULL_TOKEN_ID = NUM_CODES + NUM_CLASSES
 VOCAB_SIZE = NUM_CODES + NUM_CLASSES + 1
@@ -57,14 +57,18 @@ def save_lm(lm, weights_dir: str | os.PathLike, dtype: torch.dtype = torch.float
     save_llama(lm, weights_dir, dtype)
 
 
+_SHIPPED = "--model digits: the shipped weights,"  # what a damaged shipped file's error names
+
+
 def load_lm(weights_dir: str | os.PathLike | None = None, attn_implementation: str = "sdpa", dtype=torch.float32):
     """Load the shipped (or a trained) LM in eval mode. Purely local; never touches the network."""
-    return load_llama(WEIGHTS_DIR if weights_dir is None else weights_dir, "digits", attn_implementation, dtype)
+    return load_llama(WEIGHTS_DIR if weights_dir is None else weights_dir, "digits", attn_implementation, dtype,
+                      flag=_SHIPPED if weights_dir is None else "--weights")
 
 
 def load_codebook(weights_dir: str | os.PathLike | None = None) -> PatchCodebook:
     d = Path(weights_dir) if weights_dir is not None else WEIGHTS_DIR
-    return PatchCodebook.load(d / CODEBOOK_FILE)
+    return PatchCodebook.load(d / CODEBOOK_FILE, _SHIPPED if weights_dir is None else "--weights")
 
 
 def prompt_ids(classes, device=None) -> torch.Tensor:

@@ -229,9 +229,12 @@ class PatchCodebook:
         )
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "PatchCodebook":
+    def load(cls, path: str | os.PathLike, flag: str = "--weights") -> "PatchCodebook":
         from safetensors import safe_open
 
+        from ...fileio.inputs import check_safetensors
+
+        check_safetensors(str(path), flag)  # (a damaged file: one line naming it, before safetensors reads it)
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             cent = f.get_tensor("centroids").float()

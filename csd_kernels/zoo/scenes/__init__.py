@@ -24,18 +24,21 @@ def zoo_model(device=None, weights=None):
     from pathlib import Path
 
     from ...config.generation import GenerationConfig
+    from ...fileio.inputs import check_folder
     from ...models import ImageGPT
     from .. import Measure, ZooModel
     from .model import NULL_TOKEN_ID, NUM_CODES, TOKENIZER_FILE, WEIGHTS_DIR, load_lm, load_tokenizer
+    from .prompts import grammar
     from .tokenizer import GRID
 
     folder = Path(WEIGHTS_DIR if weights is None else weights)
-    if not all((folder / f).is_file() for f in ("config.json", "model.safetensors")):
-        where = "the shipped weights are not in the package" if weights is None else "--weights"
-        raise ValueError(f"--model scenes: {where} ({folder} has no config.json and model.safetensors); train them "
-                         "with python -m csd_kernels.zoo.scenes.train --out DIR and pass --weights DIR")
-    tokenizer = load_tokenizer(folder if (folder / TOKENIZER_FILE).is_file() else None)
-    lm = load_lm(folder) if device is None else load_lm(folder).to(device)
+    flag = "--weights" if weights is not None else "--model scenes: the shipped weights,"
+    check_folder(str(folder), flag, "a scenes model folder (config.json, model.safetensors; train one with python -m "
+                 "csd_kernels.zoo.scenes.train --out DIR)", ("config.json", "model.safetensors"))
+    _check_vocabulary(folder, flag)
+    own = (folder / TOKENIZER_FILE).is_file()
+    tokenizer = load_tokenizer(folder if own else None, flag if own else "--model scenes: the shipped tokenizer,")
+    lm = load_lm(folder, flag=flag) if device is None else load_lm(folder, flag=flag).to(device)
     model = ImageGPT(lm, image_token_range=(0, NUM_CODES), grid=GRID, null_token_id=NULL_TOKEN_ID,
                      decode=lambda tokens: tokenizer.decode(tokens.cpu()), codebook=tokenizer.centroids)
     parse, measure, ceiling = _prompts_and_quality(tokenizer, device)
@@ -45,8 +48,21 @@ def zoo_model(device=None, weights=None):
                 Measure("background_accuracy", "background", True, "background kind read from pixels"))
     return ZooModel("scenes", model, parse, defaults=GenerationConfig(cfg_scale=DEFAULT_CFG, top_k=DEFAULT_TOP_K),
                     quality=measure, heldout_quality=ceiling,
-                    prompt_help="objects 'COLOUR SHAPE CELL' separated by ';' and an optional 'on flat|gradient|noise'",
+                    prompt_help=grammar(),
                     measures=measures, ceiling_label="rendered scenes, tokenizer round trip")
+
+
+def _check_vocabulary(folder, flag: str) -> None:
+    """A model of another world (its prompt tokens laid out for other backgrounds) would read every prompt wrong."""
+    from ...fileio.inputs import InputError, read_json
+    from .model import VOCAB_SIZE
+
+    path = str(folder / "config.json")
+    vocab = read_json(path, flag).get("vocab_size")
+    if vocab != VOCAB_SIZE:
+        raise InputError(flag, path, f"a model of vocabulary {vocab}; this world's scenes model has {VOCAB_SIZE} "
+                         f"({len(BACKGROUNDS)} backgrounds: {', '.join(BACKGROUNDS)}); retrain with python -m "
+                         "csd_kernels.zoo.scenes.train --out DIR")
 
 
 def _prompts_and_quality(tokenizer, device):

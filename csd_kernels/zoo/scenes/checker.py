@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..frechet import frechet_distance
 from .world import CANVAS, CELL, COLOURS, SHAPES, Prompt, parse_prompt, render, sample_scene, scene_for, shape_mask
 
 MIN_AREA = 30  # pixels: the smallest object (a triangle of side 12.8) covers ~70
@@ -116,7 +117,10 @@ def adherence(images, prompts) -> float:
 
 
 def background_kind(image) -> str:
-    """'noise', 'gradient' or 'flat', from the pixels away from every object."""
+    """One of world.BACKGROUNDS, from the pixels away from every object: fine texture (the mean step between
+    neighbouring pixels) or not; if not, a vertical trend (gradient) or none (flat); if so, structure at the scale of
+    4x4 patches (none: noise) and, where there is, whether its values pile up at two extremes as a sine's do (waves)
+    or in the middle as a sum of noises' do (clouds)."""
     from scipy import ndimage
 
     px = _check_image(image)
@@ -125,12 +129,39 @@ def background_kind(image) -> str:
     grey = px.mean(-1)
     pair = bg[:, 1:] & bg[:, :-1]
     texture = np.abs(np.diff(grey, axis=1))[pair].mean() if pair.any() else 0.0
-    if texture > 4.0:
+    if texture <= FINE_TEXTURE:
+        return "gradient" if abs(_vertical_trend(grey, bg)) > 12.0 else "flat"
+    filled = np.where(bg, grey, grey[bg].mean() if bg.any() else 0.0)
+    blocks = filled.reshape(24, 4, 24, 4).mean((1, 3))
+    whole = bg.reshape(24, 4, 24, 4).all((1, 3))
+    if whole.sum() < 2 or blocks[whole].std() <= PATCH_STRUCTURE:
         return "noise"
+    return "waves" if _band_kurtosis(filled, bg) < WAVE_KURTOSIS else "clouds"
+
+
+FINE_TEXTURE = 4.0  # mean |step| between neighbouring grey pixels: flat and gradient 0, the textures 9-16
+PATCH_STRUCTURE = 5.2  # std of 4x4-patch means: noise 3.1-3.8, clouds and waves above 6.7 (rendered scenes)
+WAVE_KURTOSIS = 2.15  # of the band-passed grey: waves (a sine, however warped) 1.7-2.0, clouds 2.3-3.4 (rendered)
+
+
+def _vertical_trend(grey: np.ndarray, bg: np.ndarray) -> float:
     rows = np.array([grey[r][bg[r]].mean() if bg[r].any() else np.nan for r in range(CANVAS)])
     ok = ~np.isnan(rows)
-    trend = np.polyfit(np.arange(CANVAS)[ok], rows[ok], 1)[0] * CANVAS if ok.sum() > 2 else 0.0
-    return "gradient" if abs(trend) > 12.0 else "flat"
+    return float(np.polyfit(np.arange(CANVAS)[ok], rows[ok], 1)[0] * CANVAS) if ok.sum() > 2 else 0.0
+
+
+def _band_kurtosis(grey: np.ndarray, bg: np.ndarray) -> float:
+    """Kurtosis of the background's grey level between the pixel noise and the large scale (blurred by 1.5 px, minus
+    its blur by 8 px): a sine's values pile up at its two extremes (kurtosis 1.5), a sum of noises' in the middle
+    (3)."""
+    from scipy import ndimage
+
+    band = ndimage.gaussian_filter(grey, 1.5) - ndimage.gaussian_filter(grey, 8.0)
+    inner = ndimage.binary_erosion(bg, iterations=3)
+    if inner.sum() < 16:
+        return float("inf")
+    v = band[inner] - band[inner].mean()
+    return float((v ** 4).mean() / max((v ** 2).mean() ** 2, 1e-12))
 
 
 def _pool(images) -> np.ndarray:
@@ -153,17 +184,6 @@ def features(images) -> np.ndarray:
     return (_pool(images) - mean) @ axes.T
 
 
-def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
-    """Fréchet distance between Gaussians fitted to two feature sets [N, D], [M, D]."""
-    from scipy import linalg
-
-    mu = a.mean(0) - b.mean(0)
-    ca, cb = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
-    covmean = linalg.sqrtm(ca @ cb)
-    covmean = covmean.real if np.iscomplexobj(covmean) else covmean
-    return float(mu @ mu + np.trace(ca + cb - 2 * covmean))
-
-
 def rendered_like(prompts, seed: int) -> list[np.ndarray]:
     """Rendered scenes of the same prompts (fresh sizes and backgrounds where the prompt leaves them open)."""
     rng = np.random.default_rng(seed)
@@ -172,12 +192,29 @@ def rendered_like(prompts, seed: int) -> list[np.ndarray]:
 
 def scene_quality(images, prompts, seed: int = 0) -> dict:
     """Adherence, background accuracy (where the prompt names one) and the Fréchet distance to rendered scenes of
-    the same prompts (None for fewer than 2 images)."""
+    the same prompts (None for fewer than 2 images); each with its standard error over the images (``NAME_se``:
+    of a share, from its images' 0/1 values; of the Fréchet distance, a bootstrap over the generated images)."""
     parsed = [_prompt(p) for p in prompts]
-    named = [(im, p.background) for im, p in zip(images, parsed) if p.background]
-    out = {"adherence": adherence(images, parsed),
-           "background_accuracy": float(np.mean([background_kind(im) == b for im, b in named])) if named else None,
-           "frechet": None}
+    hits = [adheres(im, p) for im, p in zip(images, parsed)]
+    named = [background_kind(im) == p.background for im, p in zip(images, parsed) if p.background]
+    out = {"adherence": float(np.mean(hits)) if hits else float("nan"), "adherence_se": _share_se(hits),
+           "background_accuracy": float(np.mean(named)) if named else None, "frechet": None}
+    if named:
+        out["background_accuracy_se"] = _share_se(named)
     if len(images) >= 2:
-        out["frechet"] = frechet_distance(features(images), features(rendered_like(parsed, seed)))
+        ours, rendered = features(images), features(rendered_like(parsed, seed))
+        out["frechet"] = frechet_distance(ours, rendered)
+        out["frechet_se"] = _bootstrap_frechet_se(ours, rendered, seed)
     return out
+
+
+def _share_se(hits) -> float:
+    n = len(hits)
+    return float(np.std(hits, ddof=1) / np.sqrt(n)) if n >= 2 else float("nan")
+
+
+def _bootstrap_frechet_se(ours: np.ndarray, rendered: np.ndarray, seed: int, draws: int = 32) -> float:
+    """The spread of the distance over resamples of the generated images (the rendered reference held fixed)."""
+    rng = np.random.default_rng(seed)
+    n = len(ours)
+    return float(np.std([frechet_distance(ours[rng.integers(0, n, n)], rendered) for _ in range(draws)], ddof=1))

@@ -86,14 +86,14 @@ def save_lm(lm, weights_dir: str | os.PathLike) -> None:
     save_llama(lm, weights_dir)
 
 
-def load_lm(weights_dir: str | os.PathLike | None = None, dtype=torch.float32):
-    """The shipped (or a trained) scenes GPT in eval mode; purely local."""
+def load_lm(weights_dir: str | os.PathLike | None = None, dtype=torch.float32, flag: str = "--weights"):
+    """The shipped (or a trained) scenes GPT in eval mode; purely local. A damaged file: InputError naming ``flag``."""
     return load_llama(WEIGHTS_DIR if weights_dir is None else weights_dir, "scenes", dtype=dtype,
-                      model_class=PositionalLlamaForCausalLM)
+                      model_class=PositionalLlamaForCausalLM, flag=flag)
 
 
-def load_tokenizer(weights_dir: str | os.PathLike | None = None) -> PatchTokenizer:
-    return PatchTokenizer.load(Path(WEIGHTS_DIR if weights_dir is None else weights_dir) / TOKENIZER_FILE)
+def load_tokenizer(weights_dir: str | os.PathLike | None = None, flag: str = "--weights") -> PatchTokenizer:
+    return PatchTokenizer.load(Path(WEIGHTS_DIR if weights_dir is None else weights_dir) / TOKENIZER_FILE, flag)
 
 
 def prompt_tokens(prompt: Prompt) -> list[int]:

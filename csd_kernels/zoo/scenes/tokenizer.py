@@ -124,7 +124,13 @@ class PatchTokenizer:
         save_file({"centroids": self.centroids.to(torch.float16).contiguous()}, str(path))
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "PatchTokenizer":
+    def load(cls, path: str | os.PathLike, flag: str = "--weights") -> "PatchTokenizer":
+        """The tokenizer saved at ``path``; InputError naming ``flag`` for a damaged file or one of another kind."""
         from safetensors.torch import load_file
 
+        from ...fileio.inputs import InputError, check_safetensors
+
+        centroids = check_safetensors(str(path), flag).get("centroids")
+        if centroids is None or len(centroids["shape"]) != 2 or centroids["shape"][1] != PATCH_DIM:
+            raise InputError(flag, str(path), f"not a scenes tokenizer (expected a centroids tensor [K, {PATCH_DIM}])")
         return cls(load_file(str(path))["centroids"].float())

@@ -1,6 +1,6 @@
 """Fit the scenes tokenizer and train the scenes GPT on freshly rendered scenes, resumably.
 
-    python -m csd_kernels.zoo.scenes.train --out DIR [--steps 4500] [--batch-size 8] [--seed 0] [--threads 2]
+    python -m csd_kernels.zoo.scenes.train --out DIR [--steps 8000] [--batch-size 8] [--seed 0] [--threads 2]
 
 Every step renders a new batch (the world is unlimited), so there is no data set and no over-fitting; the batch of
 step s depends on (seed, s) only, so a run resumed from its checkpoint (written every ``--checkpoint-every`` steps to
@@ -27,7 +27,7 @@ from .model import NULL_TOKEN_ID, NUM_CODES, PROMPT_LEN, TOKENIZER_FILE, build_l
 from .tokenizer import GRID, TOKENS_PER_IMAGE, PatchTokenizer
 from .world import render, sample_scene
 
-DEFAULTS = dict(steps=4500, batch_size=8, lr=1e-3, warmup=200, weight_decay=0.05, prompt_dropout=0.1,
+DEFAULTS = dict(steps=8000, batch_size=8, lr=1e-3, warmup=200, weight_decay=0.05, prompt_dropout=0.1,
                 background_dropout=0.3, object_weight=3.0, ema=0.999, checkpoint_every=200)
 
 

@@ -1,0 +1,82 @@
+"""SIGINT and SIGTERM as an exception the command can clean up after: :func:`raise_on_signals` makes both raise
+:class:`Interrupted`, so ``finally`` blocks and :class:`~.outputs.Output` discard what a stopped run had half written,
+and the command prints one line (what was kept) and exits 128 + the signal number (130, 143)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+
+__all__ = ["Interrupted", "SIGNALS", "raise_on_signals", "signals_held", "if_stopped"]
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(BaseException):
+    """A run stopped by a signal (a BaseException, like KeyboardInterrupt: ``except Exception`` does not swallow it).
+
+    ``kept``: what the user still has (set by whoever knows, e.g. "3 of 6 images kept in DIR; rerun ...")."""
+
+    def __init__(self, signum: int, kept: str = ""):
+        super().__init__(signum)
+        self.signum, self.kept = signum, kept
+
+    @property
+    def status(self) -> int:
+        return 128 + self.signum
+
+    def __str__(self) -> str:
+        return f"interrupted by {signal.Signals(self.signum).name}" + (f": {self.kept}" if self.kept else "")
+
+
+def _raise(signum, frame):
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def raise_on_signals():
+    """Inside: SIGINT and SIGTERM raise :class:`Interrupted` (in the main thread); the handlers before are restored
+    on exit. Elsewhere (a worker thread) it does nothing."""
+    try:
+        before = {signum: signal.signal(signum, _raise) for signum in SIGNALS}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """SIGINT and SIGTERM wait until the block is done (a few renames must happen all or none), then reach the
+    handler they would have reached. (Held by handlers that note them, not by the signal mask: a process-directed
+    signal may land on any thread, e.g. one of torch's, and Python runs the handler in the main thread anyway.)"""
+    pending = []
+    try:
+        before = {signum: signal.signal(signum, lambda signum, frame: pending.append(signum)) for signum in SIGNALS}
+    except ValueError:  # not the main thread: signals reach the main thread's handlers
+        yield
+        return
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        for signum in pending[:1]:
+            if callable(before[signum]):
+                before[signum](signum, None)
+            elif before[signum] == signal.SIG_DFL:
+                signal.raise_signal(signum)
+
+
+@contextlib.contextmanager
+def if_stopped(kept: str):
+    """An :class:`Interrupted` raised inside says ``kept`` (what the user has), unless it already says something."""
+    try:
+        yield
+    except Interrupted as exc:
+        exc.kept = exc.kept or kept
+        raise
