@@ -347,7 +347,9 @@ def test_every_rule_matches_reference(rule, case_kw, op_kw, path):
     neighbours = ref.codebook_neighbours(torch.randn(V, 3, generator=torch.Generator().manual_seed(1)), 12)
     got, expected = run_both(case, path=path, rule=rule, neighbours=neighbours, gather_distortion=True, **op_kw)
     check(got, expected, V)
-    assert torch.isfinite(got.distortion).all() and (got.distortion > 0).any()
+    assert torch.isfinite(got.distortion).all()
+    if case_kw.get("q") is not None:  # one-hot drafts under top-k 20 of 100 mostly fall outside p's support (a = 0)
+        assert (got.distortion > 0).any()  # the comparison has teeth
 
 
 def test_chunked_top_k_matches_reference():

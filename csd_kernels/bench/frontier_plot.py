@@ -106,13 +106,9 @@ def plot_rules(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     from ..config.modes import MODE_TABLE
-    from .frontier import Setting, measures_of, rule_fronts
 
     measures = result["measures"]
-    grid = {label: Setting(**{**s, "tree": tuple(s["tree"]) if s.get("tree") else None,
-                              "params": tuple(map(tuple, s.get("params") or ()))})
-            for label, s in result["settings"].items()}
-    fronts = result.get("rule_fronts") or rule_fronts(result["results"], grid, measures_of(result))
+    fronts = result.get("rule_fronts", {})  # frontier.answers (a result saved before the rules: none)
     spread = "se" if len(result["seeds"]) == 1 else "std"  # as figure()
     fig, axes = plt.subplots(1, len(measures), figsize=(7 * len(measures), 5), squeeze=False)
     for ax, m in zip(axes[0], measures):
@@ -120,9 +116,9 @@ def plot_rules(result: dict, path: str) -> None:
         ar = rows["ar"][key]
         width = ar.get(spread, ar["std"])
         ax.axhspan(ar["mean"] - width, ar["mean"] + width, color="0.88", zorder=0, label=f"ar mean ± {spread}")
-        for label, s in grid.items():
-            rule = MODE_TABLE[s.mode].rule
-            if s.tree is None and rule not in (None, "strict") and label not in fronts.get(rule, ()):
+        for label, s in result["settings"].items():
+            rule = MODE_TABLE[s["mode"]].rule
+            if not s.get("tree") and rule not in (None, "strict") and label not in fronts.get(rule, ()):
                 r = rows[label]
                 ax.plot(r["passes"]["mean"], r[key]["mean"], "o", color=RULE_COLOURS.get(rule, "0.5"), alpha=0.25,
                         ms=4)

@@ -24,6 +24,7 @@ from .. import __version__, zoo
 from ..bench.frontier import summarise
 from ..config.acceptance import GRID_RULES
 from ..config.generation import run_label
+from ..config.modes import COUPLED_MODES
 from ..constants import COUPLINGS
 from ..decoding import DEFAULT_COUPLING, GenerationConfig, generate
 from ..decoding.validation import check, check_backend, check_device, check_generate, check_tree, row_seeds
@@ -337,11 +338,11 @@ def format_compare(results: dict, measures=()) -> str:
 
 
 def table_notes(rows, measures) -> list[str]:
-    """The lines under a table of runs: what a '-' means, and which coupling sjd and csd use by default."""
+    """The lines under a table of runs: what a '-' means, and which coupling the coupled modes use by default."""
     missing = [m.label for m in measures if any(m.name not in r for r in rows)]
     notes = [unmeasured_note(missing)] if missing else []
-    return notes + [f"sjd and csd draw their next drafts with the {DEFAULT_COUPLING} coupling unless told otherwise "
-                    f"(csd generate --mode csd runs csd+{DEFAULT_COUPLING})"]
+    return notes + [f"{', '.join(COUPLED_MODES)} draw their next drafts with the {DEFAULT_COUPLING} coupling unless "
+                    f"told otherwise (csd generate --mode csd runs csd+{DEFAULT_COUPLING})"]
 
 
 def _runnable(runs, model) -> list:

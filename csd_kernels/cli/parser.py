@@ -14,6 +14,7 @@ import re
 from .. import __version__
 from ..config.acceptance import GRID_RULES, rule_named
 from ..config.generation import DEFAULT_COUPLING, MODES, RULES, GenerationConfig, check, check_generate
+from ..config.modes import TREE_MODES
 from ..constants import BACKENDS, COUPLINGS
 from ..fileio.inputs import quote
 from ..models import registry
@@ -116,9 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING}; other modes: independent)")
     gen.add_argument("--seed", type=int, default=0, help=_help("seed", "seed of image 0 (image b: seed + b)", 0))
     gen.add_argument("--tree", type=_tree_flag, metavar="K,D",
-                     help="a lossless draft tree in every window (docs/trees.md): K candidates per position at the "
-                          "first D positions, e.g. 3,2; K, D >= 1, (K^D - 1)/(K - 1) < the window; --mode sjd or "
-                          "csd, --coupling maximal (default: none, a chain)")
+                     help="a draft tree in every window (docs/trees.md; lossless with sjd): K candidates per position "
+                          "at the first D positions, e.g. 3,2; K, D >= 1, (K^D - 1)/(K - 1) < the window; --mode "
+                          f"{' or '.join(TREE_MODES)}, --coupling maximal (default: none, a chain)")
     gen.add_argument("--out", default="out", help="output folder: csd generate replaces the images of its earlier "
                                                   "runs there and refuses a folder with other files (default: out)")
     gen.set_defaults(handler="cmd_generate")
@@ -196,8 +197,8 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coupling", choices=sorted(COUPLINGS),
                         help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING})")
     parser.add_argument("--tree", type=_tree_flag, metavar="K,D",
-                        help="a draft tree for the run's sjd and csd items (docs/trees.md), e.g. 3,2; --modes must "
-                             "hold sjd or csd (default: none, a chain)")
+                        help=f"a draft tree for the run's {', '.join(TREE_MODES)} items (docs/trees.md), e.g. 3,2; "
+                             f"--modes must hold {' or '.join(TREE_MODES)} (default: none, a chain)")
     add_generation_options(parser)
     parser.add_argument("--num-threads", dest="num_threads", type=int,
                         help=_help("num_threads", "torch threads per process", "CPU cores / processes on this node"))

@@ -200,13 +200,13 @@ def _check_arguments(spec: RunSpec, num_threads: Optional[int], device: torch.de
 
 
 def _check_tree(spec: RunSpec, modes: list, window: Optional[int]) -> None:
-    """--tree applies to the run's sjd and csd items: checked as they run it (generate()'s default window unless
-    given)."""
+    """--tree applies to the run's items of a mode that takes a tree (modes.TREE_MODES): checked as they run it
+    (generate()'s default window unless given)."""
     if spec.tree is None:
         return
     if not set(TREE_MODES) & set(modes):
-        raise UsageError(f"--tree {','.join(map(str, spec.tree))}: a draft tree applies to the run's sjd and csd "
-                         f"items; --modes {','.join(modes)} has none")
+        raise UsageError(f"--tree {','.join(map(str, spec.tree))}: a draft tree applies to the run's "
+                         f"{', '.join(TREE_MODES)} items; --modes {','.join(modes)} has none")
     window = GenerationConfig().window if window is None else window
     check_tree(spec.tree, "sjd", window, spec.coupling, static=True)
 

@@ -1,6 +1,6 @@
 // CUDA kernel of torch.ops.csd_kernels.verify_rows (no torch headers: `nvcc -arch=sm_90 -c verify.cu` builds alone).
 //
-// Layout: one thread block of kThreads threads per (row, position); the vocabulary is walked with block-strided
+// Layout: one thread block of kRowThreads threads per (row, position); the vocabulary is walked with block-strided
 // loops (coalesced) and combined with warp-shuffle block reductions. The target probabilities are never stored
 // (except into the optional probs output): every pass recomputes p_v = exp(z_v - max) / Z from the logits (L2 hits),
 // which is deterministic, so all passes agree bit for bit. Passes:
@@ -29,18 +29,15 @@ namespace csd {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 512;
-constexpr int kWarps = kThreads / 32;
-
 // The top-p threshold (reference.restrict_top_p): the largest order key t whose mass, the sum of exp(z - max) over
 // the kept z with key >= t, reaches top_p times the mass of every kept z; a bisection over the 32-bit keys (±0 share
 // one key, as torch compares them equal). The returned z keeps ties at the threshold.
 template <typename T>
-__device__ float block_top_p_threshold(const Row<T>& row, int64_t V, float top_p, BlockShared<kWarps>& sh) {
+__device__ float block_top_p_threshold(const Row<T>& row, int64_t V, float top_p, BlockShared<kRowWarps>& sh) {
   auto key_of = [](float zv) { return float_order_key(zv == 0.0f ? 0.0f : zv); };
   auto mass = [&](uint32_t lo) {
     float s = 0.0f;
-    for (int64_t v = threadIdx.x; v < V; v += kThreads) {
+    for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
       const float zv = row.z(v);
       if (row.kept(zv) && key_of(zv) >= lo) s = f_add(s, expf(f_sub(zv, row.m)));
     }
@@ -59,8 +56,8 @@ __device__ float block_top_p_threshold(const Row<T>& row, int64_t V, float top_p
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyProblem a) {
-  __shared__ BlockShared<kWarps> sh;
+__global__ void __launch_bounds__(kRowThreads) verify_position_kernel(csd::VerifyProblem a) {
+  __shared__ BlockShared<kRowWarps> sh;
   const int64_t item = blockIdx.x;
   const int64_t b = item / a.L, i = item % a.L;
   const int64_t V = a.prm.vocab;
@@ -82,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   float m = -f_inf();
   bool bad = false;
   float ws = 0.0f, wls = 0.0f;
-  for (int64_t v = threadIdx.x; v < V; v += kThreads) {
+  for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
     bool bad_v;
     const float zv = row.z_checked(v, &bad_v);
     bad |= bad_v;
@@ -108,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   if (q) {
     bool qbad = false;
     float qs = 0.0f;
-    for (int64_t v = threadIdx.x; v < (q_scalar ? 1 : V); v += kThreads) {
+    for (int64_t v = threadIdx.x; v < (q_scalar ? 1 : V); v += kRowThreads) {
       qbad |= !(f_isfinite(q[v]) && q[v] >= 0.0f);
       qs = f_add(qs, q[v]);
     }
@@ -122,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   if (bad_logits) {
     const float nan = f_nan();
     if (a.probs)
-      for (int64_t v = threadIdx.x; v < V; v += kThreads) a.probs[item * V + v] = nan;
+      for (int64_t v = threadIdx.x; v < V; v += kRowThreads) a.probs[item * V + v] = nan;
     if (threadIdx.x == 0) {
       a.entropy[item] = a.tvd[item] = a.accept_prob[item] = a.distortion[item] = nan;
       a.flags[item] = flags | kFlagBadLogits;
@@ -140,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
     h = entropy_from_sums(w_sum, wl_sum);
   } else if (prm.greedy) {
     int64_t first = V;
-    for (int64_t v = threadIdx.x; v < V; v += kThreads)
+    for (int64_t v = threadIdx.x; v < V; v += kRowThreads)
       if (row.z(v) == m && v < first) first = v;
     row.greedy_token = block_min_i64(first, sh);
   } else {
@@ -154,7 +151,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
     }
     if (prm.log_min_p > -f_inf()) {
       float lowest = m;  // the smallest kept z with z - max >= ln(min_p)
-      for (int64_t v = threadIdx.x; v < V; v += kThreads) {
+      for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
         const float zv = row.z(v);
         if (row.kept(zv) && f_sub(zv, m) >= prm.log_min_p && zv < lowest) lowest = zv;
       }
@@ -163,7 +160,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
       row.has_thr = true;
     }
     float zs = 0.0f, es = 0.0f;
-    for (int64_t v = threadIdx.x; v < V; v += kThreads) {
+    for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
       const float zv = row.z(v);
       if (row.kept(zv)) {
         const float x = f_sub(zv, m);
@@ -184,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   const bool token_terms = rule_has_token_terms(prm.rule) && !one_hot_q;
   float sa = 0.0f, sd = 0.0f, sr = 0.0f;
   float* probs_out = a.probs ? a.probs + item * V : nullptr;
-  for (int64_t v = threadIdx.x; v < V; v += kThreads) {
+  for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
     const float pv = row.p(v);
     if (probs_out) probs_out[v] = pv;
     const float qv = q_full ? q[v] : q0;
@@ -215,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   GsdScratch gs{};
   if (gsd) {
     gs = gsd_scratch(a.workspace, item, V, next_pow2(V));
-    BlockExec<kWarps> ex{sh};
+    BlockExec<kRowWarps> ex{sh};
     gsd_groups(V, static_cast<int64_t>(prm.rule_params[0]), prm.rule_params[1], p_at, q_at, gs, ex);
   }
   auto qa_at = [&](int64_t v) { return gsd && rw.in_support(v) ? f_mul(q_at(v), gs.a[v]) : 0.0f; };
@@ -235,14 +232,14 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
     distortion = x_in_support && t > 0.0f ? t : 0.0f;
   } else if (gsd) {
     float s = 0.0f;
-    for (int64_t v = threadIdx.x; v < V; v += kThreads) {
+    for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
       const float t = f_sub(qa_at(v), p_at(v));
       s = f_add(s, t > 0.0f ? t : 0.0f);
     }
     distortion = static_cast<float>(block_sum(s, sh));
   } else if (rule_is_lantern(prm.rule)) {
     float s = 0.0f;
-    for (int64_t v = threadIdx.x; v < V; v += kThreads)
+    for (int64_t v = threadIdx.x; v < V; v += kRowThreads)
       if (rw.in_support(v))
         s = f_add(s, lantern_distortion_term(rr, prm.neighbours + v * prm.nb_stride, prm.nb_k, V, p_at(v), q_at(v),
                                              p_at));
@@ -260,7 +257,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   if (gsd) {  // gsd's residual max(p - q*a, 0)
     auto w_gsd = [&](int64_t v) { return rule_residual(kRuleGsd, p_at(v), 0.0f, qa_at(v)); };
     float s = 0.0f;
-    for (int64_t v = threadIdx.x; v < V; v += kThreads) s = f_add(s, w_gsd(v));
+    for (int64_t v = threadIdx.x; v < V; v += kRowThreads) s = f_add(s, w_gsd(v));
     if (block_sum(s, sh) > 0.0)
       resampled = block_inverse_cdf(w_gsd, V, u_sample, sh);
     else
@@ -290,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
     float best = -f_inf();
     int64_t best_i = V;
     const int64_t groups = (V + 3) / 4;
-    for (int64_t g = threadIdx.x; g < groups; g += kThreads) {
+    for (int64_t g = threadIdx.x; g < groups; g += kRowThreads) {
       const Philox4 bits = gumbel_bits(key, pos, static_cast<uint32_t>(g));
 #pragma unroll
       for (int l = 0; l < 4; ++l) {
@@ -365,13 +362,13 @@ extern "C" int csd_verify_rows_launch(const csd::VerifyProblem* args, cudaStream
     const dim3 grid(static_cast<unsigned>(items));
     switch (a.logit_dtype) {
       case csd::kLogitF32:
-        verify_position_kernel<float><<<grid, kThreads, 0, stream>>>(a);
+        verify_position_kernel<float><<<grid, kRowThreads, 0, stream>>>(a);
         break;
       case csd::kLogitF16:
-        verify_position_kernel<csd::f16_bits><<<grid, kThreads, 0, stream>>>(a);
+        verify_position_kernel<csd::f16_bits><<<grid, kRowThreads, 0, stream>>>(a);
         break;
       case csd::kLogitBF16:
-        verify_position_kernel<csd::bf16_bits><<<grid, kThreads, 0, stream>>>(a);
+        verify_position_kernel<csd::bf16_bits><<<grid, kRowThreads, 0, stream>>>(a);
         break;
       default:
         return cudaErrorInvalidValue;

@@ -13,13 +13,10 @@ namespace csd {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 512;
-constexpr int kWarps = kThreads / 32;
-
 template <typename T>
-__global__ void __launch_bounds__(kThreads) verify_tree_kernel(TreeProblem P) {
-  __shared__ BlockShared<kWarps> sh;
-  BlockExec<kWarps> ex{sh};
+__global__ void __launch_bounds__(kRowThreads) verify_tree_kernel(TreeProblem P) {
+  __shared__ BlockShared<kRowWarps> sh;
+  BlockExec<kRowWarps> ex{sh};
   tree_row<T>(P, blockIdx.x, ex);
 }
 
@@ -30,7 +27,7 @@ __global__ void __launch_bounds__(kThreads) verify_tree_kernel(TreeProblem P) {
 extern "C" int csd_verify_tree_launch(const csd::TreeProblem* problem, cudaStream_t stream) {
   const csd::TreeProblem& P = *problem;
   if (P.B == 0) return static_cast<int>(cudaSuccess);
-  const dim3 grid(static_cast<unsigned>(P.B)), block(csd::cuda::kThreads);
+  const dim3 grid(static_cast<unsigned>(P.B)), block(csd::cuda::kRowThreads);
   switch (P.logit_dtype) {
     case csd::kLogitF32:
       csd::cuda::verify_tree_kernel<float><<<grid, block, 0, stream>>>(P);

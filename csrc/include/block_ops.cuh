@@ -13,6 +13,9 @@ namespace csd {
 namespace cuda {
 
 constexpr unsigned kFull = 0xffffffffu;
+// The block of the kernels that give one row or position a whole block (verify.cu's chain, verify_tree.cu's tree).
+constexpr int kRowThreads = 512;
+constexpr int kRowWarps = kRowThreads / 32;
 
 template <int W>
 struct BlockShared {

@@ -14,6 +14,7 @@ sweep 3 come from the same code on the same data, so the target u·total and the
 import triton
 import triton.language as tl
 
+from . import rules
 from .common import (
     GUMBEL,
     INDEPENDENT,
@@ -31,16 +32,6 @@ from .common import (
     position_rng,
     store_position,
     window_draft,
-)
-from .rules import (
-    CSD,
-    acceptance,
-    distortion_terms,
-    has_token_terms,
-    is_lantern,
-    lantern_bonus,
-    lantern_limit,
-    lantern_terms,
 )
 
 _NO_HIT: tl.constexpr = tl.constexpr(2147483647)
@@ -277,12 +268,12 @@ def _draw_sweep(c_row, u_row, q_row, s_qv, x, bad_q, use_r, target_w, target_p, 
                              TOP_K, PROBS)
         q, _bad_c = _chunk_q(q_row, s_qv, offs, mask, x, HAS_Q)
         q_ok = tl.where(bad_q, 0.0, q)
-        if has_token_terms(RULE):
-            dist += tl.sum(distortion_terms(p, q_ok, support, h, rule_p0, rule_p1, RULE), 0)
-        if is_lantern(RULE) and GATHER_DIST:
-            dist += tl.sum(lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q_ok, support, rule_p0, c_row, u_row, m,
-                                         1.0 / z_sum, thr, 0.0, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND, GREEDY,
-                                         PROBS, TOP_K, False), 0)
+        if rules.has_token_terms(RULE):
+            dist += tl.sum(rules.distortion_terms(p, q_ok, support, h, rule_p0, rule_p1, RULE), 0)
+        if rules.is_lantern(RULE) and GATHER_DIST:
+            dist += tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q_ok, support, rule_p0, c_row, u_row, m,
+                                               1.0 / z_sum, thr, 0.0, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND,
+                                               GREEDY, PROBS, TOP_K, False), 0)
         w = tl.where(use_r, tl.maximum(p - q, 0.0), p)
         cdf_w, carry_w = chunk_cdf(w, carry_w, lane, BLOCK_V)
         first_w = tl.minimum(first_w, tl.min(tl.where(mask & (cdf_w > target_w), offs, _NO_HIT), 0).to(tl.int32))
@@ -343,11 +334,12 @@ def position_chunked_kernel(
         x_in_support = z_x > float("-inf")
     q_x = tl.where(bad_q | ~x_in_support, 0.0, q_x)
     extra_x = tl.zeros_like(h)
-    if is_lantern(RULE):  # the draft's neighbours' mass: k gathers (the restrictions are one order-key threshold)
-        extra_x = lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), lantern_limit(p_x, rule_p0, RULE),
-                                c_row, u_row, m, 1.0 / z_sum, thr, 0.0, amax, V, cfg_scale, inv_t, HAS_UNCOND,
-                                GREEDY, PROBS, RESTRICT, False)
-    a, strict_a = acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
+    if rules.is_lantern(RULE):  # the draft's neighbours' mass: k gathers (the restrictions are one order-key threshold)
+        limit = rules.lantern_limit(p_x, rule_p0, RULE)
+        extra_x = rules.lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), limit, c_row, u_row, m,
+                                      1.0 / z_sum, thr, 0.0, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, PROBS,
+                                      RESTRICT, False)
+    a, strict_a = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
     accepted = has_draft & (u_acc < a)
 
     # residual draws use max(p − q, 0) unless it sums to 0, there is no draft, or q was flagged (then p)
@@ -356,9 +348,9 @@ def position_chunked_kernel(
         c_row, u_row, q_row, s_qv, x, bad_q, use_r, u_smp * tl.where(use_r, residual, p_total), u_smp * p_total,
         h, rule_p0, rule_p1, nb_ptr, s_nb, nb_k, V, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, HAS_Q, GREEDY,
         RESTRICT, COUPLING == INDEPENDENT, PROBS, RULE, GATHER_DIST, BLOCK_V)
-    if RULE == CSD:
+    if RULE == rules.CSD:
         dist = tl.where(tvd < rule_p1, dist, 0.0)
-    if is_lantern(RULE) and not GATHER_DIST:
+    if rules.is_lantern(RULE) and not GATHER_DIST:
         dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
     dist = tl.where(has_draft, dist, 0.0)
 

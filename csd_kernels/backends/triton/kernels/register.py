@@ -11,6 +11,7 @@ With PROBS the row holds target probabilities w: p = w / Σw, z = ln w.
 import triton
 import triton.language as tl
 
+from . import rules
 from .common import (
     GUMBEL,
     INDEPENDENT,
@@ -28,18 +29,6 @@ from .common import (
     window_draft,
 )
 from .gsd import gsd_groups
-from .rules import (
-    CSD,
-    GSD,
-    acceptance,
-    distortion_terms,
-    has_token_terms,
-    is_lantern,
-    lantern_bonus,
-    lantern_limit,
-    lantern_terms,
-    residual,
-)
 
 
 @triton.jit
@@ -143,29 +132,30 @@ def position_kernel(
     u_row = uncond_ptr + b * s_ub + i * s_ul
     extra_x = tl.zeros_like(h)
     qa = q
-    if RULE == GSD:
+    if RULE == rules.GSD:
         group_rank = (rule_p0 + tl.zeros((), tl.float32)).to(tl.int32)  # a float argument (an int in the table)
         a_tok = gsd_groups(p, q, offs, mask, V, group_rank, rule_p1, gsd_ptr + pid * (4 * BLOCK_V + 2), BLOCK_V,
                            BLOCK_V.bit_length())
         extra_x = tl.sum(tl.where(offs == x, a_tok, 0.0), 0)
         qa = tl.where(support, q * a_tok, 0.0)
-    if is_lantern(RULE):
-        extra_x = lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), lantern_limit(p_x, rule_p0, RULE),
-                                c_row, u_row, m, inv_z, thr_key, log_min_p, amax, V, cfg_scale, inv_t, HAS_UNCOND,
-                                GREEDY, PROBS, RESTRICT, MIN_P)
-    a, strict_a = acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
+    if rules.is_lantern(RULE):
+        limit = rules.lantern_limit(p_x, rule_p0, RULE)
+        extra_x = rules.lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), limit, c_row, u_row, m, inv_z,
+                                      thr_key, log_min_p, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, PROBS,
+                                      RESTRICT, MIN_P)
+    a, strict_a = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
     dist = tl.zeros_like(h)
-    if has_token_terms(RULE):
-        dist = tl.sum(distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE), 0)
-        if RULE == CSD:
+    if rules.has_token_terms(RULE):
+        dist = tl.sum(rules.distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE), 0)
+        if RULE == rules.CSD:
             dist = tl.where(tvd < rule_p1, dist, 0.0)
-    elif RULE == GSD:
+    elif RULE == rules.GSD:
         dist = tl.sum(tl.maximum(qa - p, 0.0), 0)
-    elif is_lantern(RULE):
+    elif rules.is_lantern(RULE):
         if GATHER_DIST:
-            dist = tl.sum(lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, rule_p0, c_row, u_row, m, inv_z,
-                                        thr_key, log_min_p, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND, GREEDY,
-                                        PROBS, RESTRICT, MIN_P), 0)
+            dist = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, rule_p0, c_row, u_row, m,
+                                              inv_z, thr_key, log_min_p, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND,
+                                              GREEDY, PROBS, RESTRICT, MIN_P), 0)
         else:
             dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
     dist = tl.where(has_draft, dist, 0.0)
@@ -175,7 +165,7 @@ def position_kernel(
     accepted = has_draft & (u_acc < a)
 
     # ---- resample from the rule's residual (p when it sums to 0 or there is no draft)
-    r = residual(p, q, qa, RULE)
+    r = rules.residual(p, q, qa, RULE)
     resampled = inverse_cdf(tl.where(has_draft & (tl.sum(r, 0) > 0), r, p), offs, mask, u_smp, V, BLOCK_V)
 
     # ---- the draw for positions after accept_len

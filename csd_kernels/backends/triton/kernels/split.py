@@ -20,6 +20,7 @@ one after another, so the last one is always the last split: the logic is the sa
 import triton
 import triton.language as tl
 
+from . import rules
 from .common import (
     GUMBEL,
     INDEPENDENT,
@@ -33,16 +34,6 @@ from .common import (
     row_key,
     store_position,
     window_draft,
-)
-from .rules import (
-    CSD,
-    acceptance,
-    distortion_terms,
-    has_token_terms,
-    is_lantern,
-    lantern_bonus,
-    lantern_limit,
-    lantern_terms,
 )
 
 N_STATS: tl.constexpr = tl.constexpr(5)  # m_s, Z_s, S1_s, gumbel best, (unused)  (+ int: bad flag, argmax index)
@@ -246,12 +237,12 @@ def split_finish_kernel(
     tl.store(sums_ptr + pid * N_SUMS + 1, tl.sum(tl.maximum(p - q, 0.0), 0))
     tl.store(sums_ptr + pid * N_SUMS + 2, tl.sum(p, 0))
     terms = tl.zeros((), tl.float32)
-    if has_token_terms(RULE):
-        terms = tl.sum(distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE), 0)
-    if is_lantern(RULE) and GATHER_DIST:  # k gathers per token of the slice
-        terms = tl.sum(lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, rule_p0, c_row, u_row, m, inv_z, 0,
-                                     0.0, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND, GREEDY, False, False,
-                                     False), 0)
+    if rules.has_token_terms(RULE):
+        terms = tl.sum(rules.distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE), 0)
+    if rules.is_lantern(RULE) and GATHER_DIST:  # k gathers per token of the slice
+        terms = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, rule_p0, c_row, u_row, m, inv_z,
+                                           0, 0.0, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND, GREEDY, False, False,
+                                           False), 0)
     tl.store(sums_ptr + pid * N_SUMS + 3, terms)
     tl.store(sums_ptr + pid * N_SUMS + 4, tl.sum(q, 0))
     tl.store(bad_q_ptr + pid, bad_q)
@@ -289,16 +280,17 @@ def split_finish_kernel(
         p_x = tl.where(has_draft, p_x, 0.0)
 
         extra_x = tl.zeros_like(h)
-        if is_lantern(RULE):  # the draft's neighbours' mass: k gathers
-            extra_x = lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), lantern_limit(p_x, rule_p0, RULE),
-                                    c_row, u_row, m, inv_z, 0, 0.0, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
-                                    False, False, False)
-        a, strict_a = acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
+        if rules.is_lantern(RULE):  # the draft's neighbours' mass: k gathers
+            limit = rules.lantern_limit(p_x, rule_p0, RULE)
+            extra_x = rules.lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), limit, c_row, u_row, m,
+                                          inv_z, 0, 0.0, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, False, False,
+                                          False)
+        a, strict_a = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
         # the slices summed the rule's terms; a flagged q counts as the zero vector
         dist = tl.sum(tl.load(sums + 3, mask=smask, other=0.0, cache_modifier=".cg"), 0)
-        if RULE == CSD:
+        if RULE == rules.CSD:
             dist = tl.where(tvd < rule_p1, dist, 0.0)
-        if is_lantern(RULE) and not GATHER_DIST:
+        if rules.is_lantern(RULE) and not GATHER_DIST:
             dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
         dist = tl.where(has_draft & ~bad_q_row, dist, 0.0)
 

@@ -12,18 +12,9 @@ import triton
 import triton.language as tl
 
 from .... import reference as ref
+from . import rules
 from .chunked import chunk_p, load_z, restrict, restriction_threshold, softmax_sweep
 from .common import S_BAD_LOGITS, chunk_cdf, chunk_lanes, philox, row_key, uniform
-from .rules import (
-    CSD,
-    acceptance,
-    distortion_terms,
-    has_token_terms,
-    is_lantern,
-    lantern_bonus,
-    lantern_limit,
-    lantern_terms,
-)
 
 TREE_TAG = tl.constexpr(ref.TREE_STREAM_TAG)
 NO_HIT = tl.constexpr(2147483647)
@@ -97,11 +88,11 @@ def _distortion(c_row, u_row, q_row, s_qv, scr_p, nb_ptr, s_nb, nb_k, V, thr, m,
         p, support = _node_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, bad, inv_v, cfg_scale, inv_t,
                              HAS_UNCOND, GREEDY, RESTRICT)
         q = tl.load(q_row + offs * s_qv, mask=mask, other=0.0).to(tl.float32)
-        if is_lantern(RULE):
-            dist += tl.sum(lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, rule_p0, scr_p, scr_p, 0.0, 1.0, 0,
-                                         0.0, 0, V, 1.0, 1.0, RULE, False, False, True, False, False), 0)
+        if rules.is_lantern(RULE):
+            dist += tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, rule_p0, scr_p, scr_p, 0.0,
+                                               1.0, 0, 0.0, 0, V, 1.0, 1.0, RULE, False, False, True, False, False), 0)
         else:
-            dist += tl.sum(distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE), 0)
+            dist += tl.sum(rules.distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE), 0)
     return dist
 
 
@@ -214,14 +205,14 @@ def tree_kernel(
             x_main = tl.load(node_ptr + b * s_nb + tl.maximum(main, 0) * s_ns, mask=main >= 0, other=-1)
             dist = tl.zeros((), tl.float32)
             gate = (x_main >= 0) & (level < M)
-            if RULE == CSD:
+            if RULE == rules.CSD:
                 gate = gate & (tvd < rule_p1)
-            if has_token_terms(RULE) or (is_lantern(RULE) and GATHER_DIST):
+            if rules.has_token_terms(RULE) or (rules.is_lantern(RULE) and GATHER_DIST):
                 if gate:
                     dist = _distortion(c_row, u_row, q_row, s_qv, scr_p, nb_ptr, s_nbr, nb_k, V, thr, m, z_sum, amax,
                                        bad, inv_v, h, rule_p0, rule_p1, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
                                        RESTRICT, RULE, BLOCK_V)
-            elif is_lantern(RULE):
+            elif rules.is_lantern(RULE):
                 dist = tl.where((x_main >= 0) & (level < M), float("nan"), 0.0)  # k gathers per token: on request
             ent_v = tl.where(idx == i, h, ent_v)
             tvd_v = tl.where(idx == i, tvd, tvd_v)
@@ -238,12 +229,12 @@ def tree_kernel(
                     q_x = tl.where(sup, tl.load(scr_q + x), 0.0)
                     p_x = tl.load(scr_p + x)
                     extra = tl.zeros((), tl.float32)
-                    if is_lantern(RULE):  # the main draft's neighbours' mass, from the node's p in the scratch
+                    if rules.is_lantern(RULE):  # the main draft's neighbours' mass, from the node's p in the scratch
                         if r == 0:
-                            extra = lantern_bonus(nb_ptr, s_nbr, nb_k, tl.where(q_x > 0, x, -1),
-                                                  lantern_limit(p_x, rule_p0, RULE), scr_p, scr_p, 0.0, 1.0, 0, 0.0,
-                                                  0, V, 1.0, 1.0, False, False, True, False, False)
-                    a_rule, a_strict = acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra, RULE)
+                            extra = rules.lantern_bonus(nb_ptr, s_nbr, nb_k, tl.where(q_x > 0, x, -1),
+                                                        rules.lantern_limit(p_x, rule_p0, RULE), scr_p, scr_p, 0.0,
+                                                        1.0, 0, 0.0, 0, V, 1.0, 1.0, False, False, True, False, False)
+                    a_rule, a_strict = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra, RULE)
                     a = tl.where(r == 0, a_rule, a_strict)  # the rule relaxes the main draft only
                     u_acc, _u = tree_uniforms(slot, off_lo, tag, k0, k1)
                     if u_acc < a:
