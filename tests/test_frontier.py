@@ -319,6 +319,7 @@ def test_scenes_refuses_missing_weights(tmp_path, monkeypatch, capsys):
     from csd_kernels.zoo.scenes import model
 
     monkeypatch.setattr(model, "WEIGHTS_DIR", tmp_path)  # the package without its trained weights
+    zoo.load.cache_clear()  # an earlier test's load of the shipped model would answer instead
     with pytest.raises(ValueError, match="the shipped weights, .*: no config.json and no model.safetensors in the "
                                          "folder .*python -m csd_kernels.zoo.scenes.train --out DIR") as e:
         zoo.load("scenes")
