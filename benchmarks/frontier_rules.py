@@ -11,8 +11,6 @@ over each rule's parameter grid, written as PREFIX.json / .csv / .png and PREFIX
     python benchmarks/frontier_rules.py [--images 96] [--seeds 1] [--workers 2] [--out docs/img/scenes_rules]
     python benchmarks/frontier_rules.py --smoke --images 4 --out out/rules_smoke    # one point per rule
     python benchmarks/frontier_rules.py --new-rules --out docs/img/scenes_rules_textures
-    python benchmarks/frontier_rules.py --combine docs/img/scenes_frontier.json docs/img/scenes_rules_textures.json \
-        --out docs/img/scenes_rules_all      # one table and plot of two runs on the same prompts and seeds
 
 ``--new-rules``: ar and the three rules new to the op, each at its default and at its most relaxed point of the grid
 above (arsample c 4.5, lantern δ 0.4, lantern++ λ 20) — the figures of ar, sjd, csd and gsd on the same prompts and
@@ -21,7 +19,6 @@ seeds are benchmarks/frontier_scenes.py's (docs/img/scenes_frontier.json); the f
 ``--weights DIR`` takes another trained scenes model (e.g. a retrained world); the JSON records which.
 """
 import argparse
-import json
 
 from csd_kernels.bench import frontier
 from csd_kernels.zoo import measurement_prompts
@@ -50,28 +47,6 @@ def grid(smoke: bool, new_rules: bool = False) -> list:
                              rules=RULE_GRIDS)
 
 
-def combine(paths: list[str]) -> dict:
-    """One result of runs on the same prompts and seeds (their ar rows must agree): every setting of each, the
-    answers recomputed over all of them."""
-    runs = [json.load(open(path)) for path in paths]
-    for run in runs[1:]:
-        ar, first = run["results"]["ar"], runs[0]["results"]["ar"]
-        same_ar = all(ar[k] == first[k] for k in ("passes", "adherence", "frechet"))
-        if (run["images"], run["seeds"]) != (runs[0]["images"], runs[0]["seeds"]) or not same_ar:
-            raise SystemExit("--combine: the runs differ in their prompts, seeds or ar row (passes and quality)")
-    result = {**runs[0], "results": {}, "settings": {}, "per_seed": [], "seconds": sum(r["seconds"] for r in runs)}
-    for run in runs:
-        result["results"].update(run["results"])
-        result["settings"].update(run["settings"])
-        result["per_seed"] += [r for r in run["per_seed"] if r["label"] not in {p["label"] for p in result["per_seed"]}]
-    grid = {label: frontier.Setting(**{**s, "tree": tuple(s["tree"]) if s.get("tree") else None,
-                                       "params": tuple(tuple(p) for p in s.get("params") or ())})
-            for label, s in result["settings"].items()}
-    spread = "se" if len(result["seeds"]) == 1 else "std"
-    result.update(frontier.answers(result["results"], grid, frontier.measures_of(result), spread=spread))
-    return result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=96)
@@ -80,16 +55,8 @@ def main() -> None:
     parser.add_argument("--weights", default=None, help="a trained scenes model's folder (default: the shipped one)")
     parser.add_argument("--smoke", action="store_true", help="each rule at one point of its grid")
     parser.add_argument("--new-rules", action="store_true", help="ar and the new rules at two points each")
-    parser.add_argument("--combine", nargs="+", metavar="JSON", help="merge earlier runs instead of running")
     parser.add_argument("--out", default="docs/img/scenes_rules", help="output prefix")
     args = parser.parse_args()
-    if args.combine:
-        result = combine(args.combine)
-        print(frontier.format_table(result, labels=list(result["results"])))
-        print("\n".join(frontier.summary_lines(result)))
-        for path in frontier.save(result, args.out).values():
-            print("wrote", path)
-        return
     prompts = measurement_prompts("scenes", images=args.images)
     result = frontier.sweep("scenes", seeds=tuple(range(args.seeds)), workers=args.workers,
                             grid=grid(args.smoke, args.new_rules), prompts=prompts, options=dict(weights=args.weights))
