@@ -10,11 +10,6 @@ over each rule's parameter grid, written as PREFIX.json / .csv / .png and PREFIX
 
     python benchmarks/frontier_rules.py [--images 96] [--seeds 1] [--workers 2] [--out docs/img/scenes_rules]
     python benchmarks/frontier_rules.py --smoke --images 4 --out out/rules_smoke    # one point per rule
-    python benchmarks/frontier_rules.py --new-rules --out docs/img/scenes_rules_textures
-
-``--new-rules``: ar and the three rules new to the op, each at its default and at its most relaxed point of the grid
-above (arsample c 4.5, lantern δ 0.4, lantern++ λ 20) — the figures of ar, sjd, csd and gsd on the same prompts and
-seeds are benchmarks/frontier_scenes.py's (docs/img/scenes_frontier.json); the full grid costs several CPU hours here.
 
 ``--weights DIR`` takes another trained scenes model (e.g. a retrained world); the JSON records which.
 """
@@ -32,14 +27,8 @@ RULE_GRIDS = {
 }
 
 
-NEW_RULES = {"arsample": [{}, {"arsample_scale": 4.5}], "lantern": [{}, {"lantern_delta": 0.4}],
-             "lantern++": [{}, {"lantern_lambda": 20.0}]}
-
-
-def grid(smoke: bool, new_rules: bool = False) -> list:
-    """The settings: the full grids, (smoke) each rule at one point, or (new_rules) ar and NEW_RULES."""
-    if new_rules:
-        return [frontier.Setting("ar", "ar")] + frontier.rule_settings(NEW_RULES)
+def grid(smoke: bool) -> list:
+    """The settings: the full grids, or (smoke) each rule at one point."""
     if smoke:
         return frontier.settings((0.5,), (0.65,), ("maximal",), trees=(), sjd_couplings=("maximal",),
                                  rules={rule: points[:1] for rule, points in RULE_GRIDS.items()})
@@ -54,12 +43,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--weights", default=None, help="a trained scenes model's folder (default: the shipped one)")
     parser.add_argument("--smoke", action="store_true", help="each rule at one point of its grid")
-    parser.add_argument("--new-rules", action="store_true", help="ar and the new rules at two points each")
     parser.add_argument("--out", default="docs/img/scenes_rules", help="output prefix")
     args = parser.parse_args()
     prompts = measurement_prompts("scenes", images=args.images)
-    result = frontier.sweep("scenes", seeds=tuple(range(args.seeds)), workers=args.workers,
-                            grid=grid(args.smoke, args.new_rules), prompts=prompts, options=dict(weights=args.weights))
+    result = frontier.sweep("scenes", seeds=tuple(range(args.seeds)), workers=args.workers, grid=grid(args.smoke),
+                            prompts=prompts, options=dict(weights=args.weights))
     print(frontier.format_table(result, labels=list(result["results"])))
     print("\n".join(frontier.summary_lines(result)))
     for path in frontier.save(result, args.out).values():
