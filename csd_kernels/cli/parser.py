@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "comma-separated, or none (default: 2x2,3x2)")
     sweep.add_argument("--windows", default=None,
                        help="more draft windows, each an int >= 1: the sjd and csd chain settings again at each "
-                            "(labels ' W32'; default: none, the model's window only)")
+                            "(labels ' W32') (default: none, the model's window only)")
     sweep.add_argument("--workers", type=int, default=2, help=_help("workers", "processes, one torch thread each", 2))
     sweep.add_argument("--out", default="out/sweep/frontier",
                        help="path prefix of the .json, .csv and .png (default: out/sweep/frontier)")
