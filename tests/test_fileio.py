@@ -172,3 +172,22 @@ def test_a_long_input_is_quoted_in_at_most_80_characters():
     text = "x" * 10_000
     assert len(quote(text)) < 120 and quote(text).count("x") <= 80 and "10000 characters" in quote(text)
     assert shorten(text).count("x") <= 80 and quote("red circle") == "'red circle'" and shorten("3") == "3"
+
+
+def test_the_out_probe_tolerates_another_rank_making_the_folder(tmp_path, monkeypatch):
+    """csd run's ranks probe --out at the same time: a folder another rank made meanwhile is creatable (no 'cannot
+    create the folder (File exists)'), and the probe leaves it alone."""
+    import os
+
+    from csd_kernels.runner import usage
+
+    target = tmp_path / "a" / "b"
+    real_mkdir = os.mkdir
+
+    def raced(path, *args):
+        real_mkdir(path, *args)  # the other rank's probe got there first
+        raise FileExistsError(17, "File exists", str(path))
+
+    monkeypatch.setattr(os, "mkdir", raced)
+    assert usage.check_out(str(target)) == str(target)
+    assert (tmp_path / "a").is_dir()  # not ours to remove

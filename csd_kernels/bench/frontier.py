@@ -33,6 +33,7 @@ from ..constants import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
 from ..decoding.validation import TREE_MODES
 from ..fileio.outputs import Output
 from ..zoo import Measure
+from .frontier_plot import spread_of
 
 LAMBDAS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
 TAUS = (0.3, 0.65, 1.0)
@@ -230,7 +231,7 @@ def sweep(model_name: str = "digits", per_class: int = 8, seeds=(0, 1, 2), worke
             "measures": [asdict(m) for m in entry.measures], "ceiling": entry.ceiling_label,
             "settings": {k: asdict(v) for k, v in by_label.items()}, "results": rows, "heldout": heldout,
             "per_seed": [dict(label=s.label, seed=seed, **r) for (s, seed), r in zip(jobs, done)],
-            **answers(rows, by_label, entry.measures, spread="se" if len(seeds) == 1 else "std")}
+            **answers(rows, by_label, entry.measures, spread=spread_of(seeds))}
 
 
 # ------------------------------------------------------------------------------------------------------ analysis
@@ -337,7 +338,7 @@ def format_table(result: dict, labels: list[str] | None = None) -> str:
     standard error over the images where the measure has one."""
     rows, measures = result["results"], measures_of(result)
     ar_passes = rows["ar"]["passes"]["mean"]
-    spread = "se" if len(result.get("seeds", ())) == 1 else "std"  # one seed: the images' standard error
+    spread = spread_of(result.get("seeds", ()))
     pm = lambda r, k, f: f"{format(r[k]['mean'], f)} ± {format(r[k].get(spread, r[k]['std']), f)}"  # noqa: E731
     lines = [f"| setting | passes / image | speed-up | {_batch_header(result)} | distortion / token | "
              + " | ".join(m.label for m in measures) + " |", "|---|---|---|---|---|" + "---|" * len(measures)]

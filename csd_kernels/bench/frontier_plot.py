@@ -12,6 +12,11 @@ TREE_COLOUR, TREE_MARKERS = "tab:purple", ("o", "s", "D", "^", "v", "p", "h", "*
 GSD_COLOUR = "tab:orange"  # gsd over its group (k, δ): one marker per k, lighter for a larger δ
 
 
+def spread_of(seeds) -> str:
+    """The spread a result states: "std" over several seeds; with one, "se", the standard error over the images."""
+    return "se" if len(seeds) == 1 else "std"
+
+
 def plot(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
@@ -57,7 +62,7 @@ def figure(result: dict):
 
 
 def _panel(ax, result: dict, key: str, colours: dict, markers: dict) -> None:
-    spread = "se" if len(result["seeds"]) == 1 else "std"  # as frontier.answers' band
+    spread = spread_of(result["seeds"])  # as frontier.answers' band
     ar = result["results"]["ar"][key]
     width = ar.get(spread, ar["std"])
     ax.axhspan(ar["mean"] - width, ar["mean"] + width, color="0.85", zorder=0, label=f"ar mean ± {spread}")

@@ -75,13 +75,17 @@ def _probe_create(path: str, existing: str, flag: str) -> None:
     made = []
     try:
         for folder in missing:
-            os.mkdir(folder)
+            try:
+                os.mkdir(folder)
+            except FileExistsError:  # made meanwhile (another rank's probe, or its run): creatable, and not ours
+                continue
             made.append(folder)
     except OSError as exc:
         raise UsageError(f"{flag} {path}: cannot create the folder ({exc.strerror})") from None
     finally:
         for folder in reversed(made):
-            os.rmdir(folder)
+            with contextlib.suppress(OSError):  # another rank may have made a folder inside it meanwhile
+                os.rmdir(folder)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

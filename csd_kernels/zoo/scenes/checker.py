@@ -111,9 +111,15 @@ def adheres(image, prompt) -> bool:
 
 def adherence(images, prompts) -> float:
     """The fraction of images that adhere to their prompts."""
+    hits = _adhering(images, prompts)
+    return float(np.mean(hits)) if hits else float("nan")
+
+
+def _adhering(images, prompts) -> list[bool]:
+    """Whether each image adheres to its prompt."""
     if len(images) != len(prompts):
         raise ValueError(f"{len(images)} images for {len(prompts)} prompts")
-    return float(np.mean([adheres(im, p) for im, p in zip(images, prompts)])) if len(images) else float("nan")
+    return [adheres(im, p) for im, p in zip(images, prompts)]
 
 
 def background_kind(image) -> str:
@@ -195,7 +201,7 @@ def scene_quality(images, prompts, seed: int = 0) -> dict:
     the same prompts (None for fewer than 2 images); each with its standard error over the images (``NAME_se``:
     of a share, from its images' 0/1 values; of the Fréchet distance, a bootstrap over the generated images)."""
     parsed = [_prompt(p) for p in prompts]
-    hits = [adheres(im, p) for im, p in zip(images, parsed)]
+    hits = _adhering(images, parsed)
     named = [background_kind(im) == p.background for im, p in zip(images, parsed) if p.background]
     out = {"adherence": float(np.mean(hits)) if hits else float("nan"), "adherence_se": _share_se(hits),
            "background_accuracy": float(np.mean(named)) if named else None, "frechet": None}
