@@ -23,7 +23,7 @@ seeds are benchmarks/frontier_scenes.py's (docs/img/scenes_frontier.json); the f
 import argparse
 import json
 
-from csd_kernels.bench import frontier
+from csd_kernels.bench import frontier, frontier_plot
 from csd_kernels.zoo import measurement_prompts
 
 LAMBDAS, TAUS = (0.25, 0.5, 1.0), (0.65, 1.0)
@@ -67,7 +67,7 @@ def combine(paths: list[str]) -> dict:
     grid = {label: frontier.Setting(**{**s, "tree": tuple(s["tree"]) if s.get("tree") else None,
                                        "params": tuple(tuple(p) for p in s.get("params") or ())})
             for label, s in result["settings"].items()}
-    spread = "se" if len(result["seeds"]) == 1 else "std"
+    spread = frontier_plot.spread_of(result["seeds"])
     result.update(frontier.answers(result["results"], grid, frontier.measures_of(result), spread=spread))
     return result
 

@@ -114,7 +114,7 @@ def plot_rules(result: dict, path: str) -> None:
 
     measures = result["measures"]
     fronts = result.get("rule_fronts", {})  # frontier.answers (a result saved before the rules: none)
-    spread = "se" if len(result["seeds"]) == 1 else "std"  # as figure()
+    spread = spread_of(result["seeds"])
     fig, axes = plt.subplots(1, len(measures), figsize=(7 * len(measures), 5), squeeze=False)
     for ax, m in zip(axes[0], measures):
         key, rows = m["name"], result["results"]
