@@ -8,10 +8,11 @@ from typing import Optional
 import torch
 
 from . import reference as ref
+from .config.acceptance import rule_named
 from .ops.checks import check_rule
 from .ops.verify import VerifyArgs
 
-__all__ = ["make_case", "reference_result", "backend_args", "compare", "STAT_NAMES"]
+__all__ = ["make_case", "reference_result", "backend_args", "compare", "rule_inputs", "STAT_NAMES"]
 
 STAT_NAMES = ("probs", "entropy", "tvd", "accept_prob", "distortion")
 Q_KINDS = ("dense", "jacobi", "sparse", "uniform", "row", None)
@@ -92,6 +93,21 @@ def _drafts(g, probs, cond, vocab, from_q, favourite):
     if favourite:
         drafts = torch.where(torch.rand(batch, length, generator=g) < favourite, cond.float().argmax(-1), drafts)
     return drafts
+
+
+def rule_inputs(rule: str, vocab: int, *, k: int = 3, seed: int = 0) -> dict:
+    """What ``rule`` needs besides its parameters, for a test over every rule: the lantern rules' neighbour table
+    (``neighbours=``) of a random codebook [V, 3], k = min(k, V − 1) nearest codes (V = 1: one entry outside [0, V),
+    which lends nothing), and their exact distortion (``gather_distortion=True``; NaN otherwise); {} for the other
+    rules."""
+    spec = rule_named(rule)
+    if not spec.needs_neighbours:
+        return {}
+    extra = {"gather_distortion": True} if spec.distortion_gathers else {}
+    if vocab < 2:
+        return {"neighbours": torch.full((vocab, 1), -1, dtype=torch.int64), **extra}
+    codebook = torch.randn(vocab, 3, generator=torch.Generator().manual_seed(seed))
+    return {"neighbours": ref.codebook_neighbours(codebook, min(k, vocab - 1)), **extra}
 
 
 def reference_result(case: dict, **options) -> ref.VerifyResult:

@@ -19,6 +19,7 @@ from csd_kernels import reference as ref  # noqa: E402
 from csd_kernels.backends.spec import TreeArgs  # noqa: E402
 from csd_kernels.backends.triton.verify_tree import verify_tree_triton  # noqa: E402
 from csd_kernels.ops.checks import check_rule  # noqa: E402
+from csd_kernels.testing import rule_inputs  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -101,11 +102,14 @@ def _check(layout, logits, tokens, q, seed=torch.tensor([7]), offset=torch.tenso
 TREES = [(1, 3, 5, 7), (2, 2, 6, 7), (3, 2, 8, 64), (2, 3, 12, 64), (3, 3, 16, 1000), (4, 2, 9, 1000)]
 
 
-@pytest.mark.parametrize("rule", ref.RULES)
+TREE_RULES = [r for r in ref.RULES if r != "gsd"]  # gsd: its groups sort the node's row (cpu, cuda; an error here)
+
+
+@pytest.mark.parametrize("rule", TREE_RULES)
 @pytest.mark.parametrize("tree", TREES, ids=lambda t: "K{}D{}S{}V{}".format(*t))
 def test_tree_equals_reference(tree, rule):
     layout, logits, tokens, q, kw = _case(*tree, seed=sum(tree))
-    _check(layout, logits, tokens, q, rule=rule, **kw)
+    _check(layout, logits, tokens, q, rule=rule, **kw, **rule_inputs(rule, tree[3]))
 
 
 OPTIONS = {  # (inputs, verify_tree keywords); the restrictions are slow in the interpreter: csd only, two rows
@@ -124,12 +128,12 @@ RESTRICTED = {
 }
 
 
-@pytest.mark.parametrize("rule", ref.RULES)
+@pytest.mark.parametrize("rule", TREE_RULES)
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_tree_options_equal_reference(option, rule):
     inputs, options = OPTIONS[option]
     layout, logits, tokens, q, kw = _case(2, 3, 12, 64, seed=len(option), spread=1.0, **inputs)
-    _check(layout, logits, tokens, q, rule=rule, **kw, **options)
+    _check(layout, logits, tokens, q, rule=rule, **kw, **options, **rule_inputs(rule, 64))
 
 
 @pytest.mark.parametrize("option", list(RESTRICTED))
@@ -140,7 +144,7 @@ def test_tree_restrictions_equal_reference(option):
     _check(layout, logits, tokens, q, rule="csd", **kw, **options)
 
 
-@pytest.mark.parametrize("rule", [r for r in ref.RULES if r != "gsd"])  # gsd: its groups sort the row (cpu, cuda)
+@pytest.mark.parametrize("rule", TREE_RULES)
 def test_siblings_after_rejections_equal_reference(rule):
     """K = 4 over V = 7 with q far from p: main drafts are often rejected and up to three siblings tested in turn
     against the renormalised q without the earlier candidates (the RRS state that a stale q would get wrong); every

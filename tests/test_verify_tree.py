@@ -12,7 +12,9 @@ from torch.library import opcheck
 import csd_kernels as ck
 from csd_kernels import reference as ref
 from csd_kernels.backends.compiled import has_tree
+from csd_kernels.backends.spec import TREE_ARGS, TreeArgs
 from csd_kernels.ops import verify_tree as tree_ops
+from csd_kernels.ops.checks import check_rule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -98,8 +100,9 @@ def _assert_same(got: ref.TreeResult, want: ref.TreeResult) -> None:
     for field in ("accept_len", "path", "tokens", "status"):
         assert torch.equal(getattr(got, field).cpu(), getattr(want, field)), field
     for field in ("accept_prob", "entropy", "tvd", "distortion"):
+        # equal_nan: lantern's distortion without gather_distortion is NaN, on every backend alike
         torch.testing.assert_close(getattr(got, field).cpu(), getattr(want, field), rtol=1e-5, atol=1e-5,
-                                   msg=lambda m, f=field: f"{f}: {m}")
+                                   equal_nan=field == "distortion", msg=lambda m, f=field: f"{f}: {m}")
 
 
 def _reference(inputs: dict, seed, offset, **options) -> ref.TreeResult:
@@ -252,12 +255,17 @@ def test_mismatched_devices_are_named():
 # ----------------------------------------------------------------------------------------------------------------------
 # torch.library: opcheck, the fakes' shapes, torch.compile
 # ----------------------------------------------------------------------------------------------------------------------
-def _op_args(backend: str, sibling: bool = True):
+def _op_args(backend: str, sibling: bool = True) -> tuple:
+    """The custom op's arguments (backends/spec.py's TREE_ARGS, then the backend) of a csd case with every option."""
     x = _tree_inputs(3, 2, 8, 2, 12, cfg=True, sibling=sibling, missing=0.1)
     layout = x["layout"]
-    return (x["target_logits"], x["uncond_logits"], x["node_tokens"], x["draft_probs"], x.get("sibling_probs"),
-            layout.children, layout.depth, 3, 2, 2.0, 0.8, 6, 0.95, 0.02, 1, 0.5, 0.65, torch.tensor([4, 5]),
-            torch.tensor([2]), backend)
+    checked = check_rule("csd", dict(entropy_coef=0.5, tvd_threshold=0.65), None, 12, torch.device("cpu"))
+    args = TreeArgs(target_logits=x["target_logits"], uncond_logits=x["uncond_logits"], node_tokens=x["node_tokens"],
+                    draft_probs=x["draft_probs"], sibling_probs=x.get("sibling_probs"), neighbours=None,
+                    children=layout.children, depth=layout.depth, branching=3, depth_limit=2, cfg_scale=2.0,
+                    temperature=0.8, top_k=6, top_p=0.95, min_p=0.02, rule=checked.code, rule_params=checked.params,
+                    gather_distortion=False, seed=torch.tensor([4, 5]), offset=torch.tensor([2]))
+    return (*args, backend)
 
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b.values[0] in ("torch", "cpu")])
@@ -268,8 +276,8 @@ def test_opcheck(backend, sibling):
 
 @_skip("cpu")
 def test_opcheck_compiled_op():
-    args = _op_args("cpu")
-    opcheck(torch.ops.csd_kernels.verify_tree_rows.default, args[:6] + args[9:-1])
+    compiled = tuple(value for arg, value in zip(TREE_ARGS, _op_args("cpu")) if arg.compiled)
+    opcheck(torch.ops.csd_kernels.verify_tree_rows.default, compiled)
 
 
 def test_fake_shapes():

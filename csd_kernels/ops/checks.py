@@ -108,11 +108,15 @@ class CheckedRule(NamedTuple):
 
 
 def rule_keywords(keywords: dict, op: str) -> dict:
-    """The rule-parameter keywords of an op call; TypeError naming any other keyword."""
+    """The rule-parameter keywords of an op call, each value checked even where the chosen rule does not read it (a
+    bad value is an error, not silently unused); TypeError naming any other keyword."""
     unknown = sorted(set(keywords) - set(PARAMS))
     if unknown:
         raise TypeError(f"{op}() got unexpected keyword argument(s) {unknown}; the rules' parameters are "
                         f"{', '.join(PARAMS)}")
+    for name, value in keywords.items():
+        if value is not None:
+            PARAMS[name].check.check(name, value)
     return keywords
 
 

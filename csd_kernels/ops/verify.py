@@ -89,6 +89,12 @@ def _fake_outputs(target_logits: torch.Tensor, return_probs: bool):
     )
 
 
+def fake_backend(a: VerifyArgs) -> tuple:
+    """A backend function that runs no kernel: uninitialised outputs of the right shapes and dtypes (the meta
+    device's stand-in in tests and host-time benchmarks)."""
+    return _fake_outputs(a.target_logits, a.return_probs)
+
+
 @torch.library.register_fake("csd_kernels::verify")
 def _(*args):
     return _fake_outputs(args[0], args[_RETURN_PROBS])
@@ -185,8 +191,8 @@ def verify(
     they take ``neighbours``, the codebook's neighbour table, ck.codebook_neighbours). Its parameters are keywords
     (``entropy_coef=``, ``tvd_threshold=``, ``group_rank=``, ``group_delta=``, ``arsample_scale=``,
     ``arsample_offset=``, ``lantern_delta=``, ``lantern_lambda=``, ``lantern_k=``; the table's defaults; those of
-    other rules are ignored). distortion: exact for every rule; lantern's and lantern++'s costs k gathers per token
-    (V·k per position), so it is NaN unless ``gather_distortion=True``.
+    other rules are checked, not used). distortion: exact for every rule; lantern's and lantern++'s costs k gathers
+    per token (V·k per position), so it is NaN unless ``gather_distortion=True``.
     coupling: how the positions after accept_len get their next draft: "independent" (a fresh draw from p),
     "maximal" (the draft kept with probability min(1, p/q), else the residual draw; not with gsd, whose residual is
     not the strict one) or "gumbel" (argmax z + G).
