@@ -6,8 +6,8 @@ adapters) <- zoo/, cli/, runner/, bench/ (the csd command and its tools). See do
 
 from ._lazy import lazy_package
 
-__all__ = ["available_backends", "chain_speculative_sampling", "generate", "GenerateOutput", "GenerationConfig",
-           "rejection_sample", "verify", "VerifyResult", "verify_tree", "TreeResult"]
+__all__ = ["available_backends", "chain_speculative_sampling", "codebook_neighbours", "generate", "GenerateOutput",
+           "GenerationConfig", "rejection_sample", "verify", "VerifyResult", "verify_tree", "TreeResult"]
 __version__ = "0.1.0"
 # The names load on first use, so that the csd command answers --help, --version and bad flags before torch loads.
 # The custom ops (torch.ops.csd_kernels.*) are registered when their op module loads: the first use of verify /
@@ -17,6 +17,7 @@ lazy_package(__name__, {
     "GenerationConfig": ".config.generation",
     **dict.fromkeys(("chain_speculative_sampling", "rejection_sample"), ".ops.interop"),
     "available_backends": ".ops.registry",
+    "codebook_neighbours": ".ops.neighbours",
     **dict.fromkeys(("VerifyResult", "verify"), ".ops.verify"),
     **dict.fromkeys(("TreeResult", "verify_tree"), ".ops.verify_tree"),
 })

@@ -8,8 +8,11 @@ from typing import Optional
 import torch
 
 from . import reference as ref
+from .config.acceptance import rule_named
+from .ops.checks import check_rule
+from .ops.verify import VerifyArgs
 
-__all__ = ["make_case", "reference_result", "compare", "STAT_NAMES"]
+__all__ = ["make_case", "reference_result", "backend_args", "compare", "rule_inputs", "STAT_NAMES"]
 
 STAT_NAMES = ("probs", "entropy", "tvd", "accept_prob", "distortion")
 Q_KINDS = ("dense", "jacobi", "sparse", "uniform", "row", None)
@@ -92,12 +95,46 @@ def _drafts(g, probs, cond, vocab, from_q, favourite):
     return drafts
 
 
+def rule_inputs(rule: str, vocab: int, *, k: int = 3, seed: int = 0) -> dict:
+    """What ``rule`` needs besides its parameters, for a test over every rule: the lantern rules' neighbour table
+    (``neighbours=``) of a random codebook [V, 3], k = min(k, V − 1) nearest codes (V = 1: one entry outside [0, V),
+    which lends nothing), and their exact distortion (``gather_distortion=True``; NaN otherwise); {} for the other
+    rules."""
+    spec = rule_named(rule)
+    if not spec.needs_neighbours:
+        return {}
+    extra = {"gather_distortion": True} if spec.distortion_gathers else {}
+    if vocab < 2:
+        return {"neighbours": torch.full((vocab, 1), -1, dtype=torch.int64), **extra}
+    codebook = torch.randn(vocab, 3, generator=torch.Generator().manual_seed(seed))
+    return {"neighbours": ref.codebook_neighbours(codebook, min(k, vocab - 1)), **extra}
+
+
 def reference_result(case: dict, **options) -> ref.VerifyResult:
     """reference.verify (float32, on the CPU) of a case and verify() options (rule, coupling, cfg_scale, ...)."""
     cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
     options = dict(options)
     options.setdefault("cfg_scale", 1.0)
     return ref.verify(**cpu, **options, compute_dtype=torch.float32)
+
+
+def backend_args(case: dict, *, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, min_p: Optional[float] = None, rule: str = "csd",
+                 neighbours: Optional[torch.Tensor] = None, gather_distortion: bool = False,
+                 coupling: str = "independent", return_probs: bool = True, target_is_probs: bool = False,
+                 words: Optional[tuple] = None, **rule_params) -> VerifyArgs:
+    """The backend functions' argument tuple (backends/spec.py) of a case and verify() options, as ops.verify builds
+    it (the rule checked by the table); ``words``: (seed, offset) in place of the case's tensors."""
+    vocab = case["target_logits"].shape[-1]
+    rule_args = check_rule(rule, rule_params, neighbours, vocab, case["target_logits"].device)
+    seed, offset = words or (case["seed"], case["offset"])
+    return VerifyArgs(target_logits=case["target_logits"], draft_tokens=case["draft_tokens"],
+                      draft_probs=case["draft_probs"], uncond_logits=case.get("uncond_logits"),
+                      neighbours=rule_args.neighbours, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or 0,
+                      top_p=1.0 if top_p is None else top_p, min_p=min_p or 0.0, target_is_probs=target_is_probs,
+                      rule=rule_args.code, rule_params=rule_args.params, gather_distortion=gather_distortion,
+                      start=case["start"], coupling=ref.COUPLINGS.index(coupling), positions=case["positions"],
+                      seed=seed, offset=offset, return_probs=return_probs)
 
 
 def compare(got: ref.VerifyResult, expected: ref.VerifyResult, *, exact: bool = True, rtol: float = 1e-4,

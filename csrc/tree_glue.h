@@ -21,12 +21,14 @@ namespace csd {
 using TreeTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                              at::Tensor>;
 
+// (csd_kernels/backends/spec.py's TREE_ARGS that the compiled op takes, in order)
 #define CSD_VERIFY_TREE_ROWS_SIGNATURE(NAME)                                                                       \
   TreeTuple NAME(const at::Tensor& target_logits, const std::optional<at::Tensor>& uncond_logits,                  \
                  const at::Tensor& node_tokens, const at::Tensor& draft_probs,                                     \
-                 const std::optional<at::Tensor>& sibling_probs, const at::Tensor& children, double cfg_scale,     \
-                 double temperature, int64_t top_k, double top_p, double min_p, int64_t rule, double entropy_coef, \
-                 double tvd_threshold, const at::Tensor& seed, const at::Tensor& offset)
+                 const std::optional<at::Tensor>& sibling_probs, const std::optional<at::Tensor>& neighbours,      \
+                 const at::Tensor& children, double cfg_scale, double temperature, int64_t top_k, double top_p,    \
+                 double min_p, int64_t rule, c10::ArrayRef<double> rule_params, bool gather_distortion,           \
+                 const at::Tensor& seed, const at::Tensor& offset)
 
 CSD_VERIFY_TREE_ROWS_SIGNATURE(verify_tree_rows_cpu);
 #ifdef CSD_WITH_CUDA
@@ -37,17 +39,25 @@ CSD_VERIFY_TREE_ROWS_SIGNATURE(verify_tree_rows_cuda);
 // `problem` stay valid as long as this object lives).
 struct PreparedTree {
   at::Tensor accept_len, path, tokens, accept_prob, entropy, tvd, distortion, status;
-  at::Tensor node_tokens, draft_probs, sibling_probs, children, seed, offset, workspace;
+  at::Tensor node_tokens, draft_probs, sibling_probs, children, seed, offset, workspace, gsd_workspace;
   TreeProblem problem;
   TreeTuple as_tuple() const { return {accept_len, path, tokens, accept_prob, entropy, tvd, distortion, status}; }
 };
 
+// gsd's per-row scratch keys: a power of two >= V on the GPU (its bitonic sort), V on the CPU.
+inline int64_t gsd_keys_length(int64_t V, bool cuda) {
+  int64_t n = 1;
+  while (cuda && n < V) n *= 2;
+  return cuda ? n : V;
+}
+
 inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std::optional<at::Tensor>& uncond_logits,
                                       const at::Tensor& node_tokens, const at::Tensor& draft_probs,
-                                      const std::optional<at::Tensor>& sibling_probs, const at::Tensor& children,
+                                      const std::optional<at::Tensor>& sibling_probs,
+                                      const std::optional<at::Tensor>& neighbours, const at::Tensor& children,
                                       double cfg_scale, double temperature, int64_t top_k, double top_p, double min_p,
-                                      int64_t rule, double entropy_coef, double tvd_threshold, const at::Tensor& seed,
-                                      const at::Tensor& offset) {
+                                      int64_t rule, c10::ArrayRef<double> rule_params, bool gather_distortion,
+                                      const at::Tensor& seed, const at::Tensor& offset) {
   const char* op = "csd_kernels.verify_tree_rows: ";
   TORCH_CHECK(target_logits.dim() == 3, op, "target_logits must be [B, S, V], got ", target_logits.sizes());
   const int64_t B = target_logits.size(0), S = target_logits.size(1), V = target_logits.size(2);
@@ -92,7 +102,6 @@ inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std
     TORCH_CHECK(pr.first->scalar_type() == at::kLong && (pr.first->numel() == 1 || pr.first->numel() == B), op,
                 pr.second, " must be int64 [1] or [B], got ", pr.first->scalar_type(), " ", pr.first->sizes());
   }
-  TORCH_CHECK(rule == kRuleStrict || rule == kRuleCsd, op, "rule must be 0 (strict) or 1 (csd), got ", rule);
   TORCH_CHECK(temperature >= 0.0, op, "temperature must be >= 0, got ", temperature);
   TORCH_CHECK(top_k >= 0, op, "top_k must be >= 0 (0 = no restriction), got ", top_k);
   TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, op, "top_p must lie in (0, 1] (1 = no restriction), got ", top_p);
@@ -129,9 +138,14 @@ inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std
   prm.greedy = temperature == 0.0 ? 1 : 0;
   prm.inv_temperature = temperature > 0.0 ? static_cast<float>(1.0 / temperature) : 1.0f;
   prm.top_k = (top_k > 0 && top_k < V) ? top_k : 0;
-  prm.rule = static_cast<int>(rule);
-  prm.entropy_coef = static_cast<float>(entropy_coef);
-  prm.tvd_threshold = static_cast<float>(tvd_threshold);
+  set_rule(prm, rule, rule_params, gather_distortion, neighbours, V, device, op);
+  P.gsd_workspace = nullptr;
+  P.gsd_keys = 0;
+  if (prm.rule == kRuleGsd) {
+    P.gsd_keys = gsd_keys_length(V, device.is_cuda());
+    c.gsd_workspace = at::empty({B * gsd_scratch_bytes(V, P.gsd_keys)}, base.dtype(at::kByte));
+    P.gsd_workspace = c.gsd_workspace.data_ptr();
+  }
   prm.coupling = kCouplingIndependent;
   prm.top_p = static_cast<float>(top_p);
   prm.log_min_p = min_p > 0.0 ? static_cast<float>(std::log(min_p)) : -std::numeric_limits<float>::infinity();

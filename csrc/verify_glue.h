@@ -40,13 +40,44 @@ inline int logit_dtype_code(const at::Tensor& t, const char* name, const char* o
   return -1;
 }
 
+// The rule, its parameters and its neighbour table into prm (shared by the chain and the tree glue). The table must
+// be int64 [V, k] with a unit last stride on `device`; lantern and lantern++ need it, the other rules ignore it.
+inline void set_rule(VerifyParams& p, int64_t rule, c10::ArrayRef<double> rule_params, bool gather_distortion,
+                     const std::optional<at::Tensor>& neighbours, int64_t V, at::Device device, const char* op) {
+  TORCH_CHECK(rule >= 0 && rule < kRuleCount, op, "rule must be a code of config/acceptance.py's table in [0, ",
+              int(kRuleCount), "), got ", rule);
+  TORCH_CHECK(static_cast<int64_t>(rule_params.size()) <= kMaxRuleParams, op, "at most ", int(kMaxRuleParams),
+              " rule_params, got ", rule_params.size());
+  TORCH_CHECK(static_cast<int>(rule_params.size()) >= kRuleInfo[rule].params, op, "rule ", kRuleInfo[rule].name,
+              " takes ", kRuleInfo[rule].params, " rule_params, got ", rule_params.size());
+  p.rule = static_cast<int>(rule);
+  for (int j = 0; j < kMaxRuleParams; ++j)
+    p.rule_params[j] = j < static_cast<int>(rule_params.size()) ? static_cast<float>(rule_params[j]) : 0.0f;
+  p.gather_distortion = gather_distortion ? 1 : 0;
+  p.neighbours = nullptr;
+  p.nb_stride = p.nb_k = 0;
+  if (rule_is_lantern(p.rule)) {
+    TORCH_CHECK(neighbours.has_value(), op, "rule ", kRuleInfo[rule].name, " needs the neighbour table");
+    const at::Tensor& n = *neighbours;
+    TORCH_CHECK(n.device() == device, op, "neighbours must be on ", device, ", got ", n.device());
+    TORCH_CHECK(n.dim() == 2 && n.size(0) == V && n.scalar_type() == at::kLong && (n.size(1) <= 1 || n.stride(1) == 1),
+                op, "neighbours must be int64 [V, k] = [", V, ", k] with a unit last stride, got ", n.scalar_type(),
+                " ", n.sizes());
+    p.neighbours = n.data_ptr<int64_t>();
+    p.nb_stride = n.stride(0);
+    p.nb_k = n.size(1);
+  }
+}
+
 inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
                                      const std::optional<at::Tensor>& draft_probs,
-                                     const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
-                                     double temperature, int64_t top_k, int64_t rule, double entropy_coef,
-                                     double tvd_threshold, const at::Tensor& start, int64_t coupling,
+                                     const std::optional<at::Tensor>& uncond_logits,
+                                     const std::optional<at::Tensor>& neighbours, double cfg_scale,
+                                     double temperature, int64_t top_k, double top_p, double min_p,
+                                     bool target_is_probs, int64_t rule, c10::ArrayRef<double> rule_params,
+                                     bool gather_distortion, const at::Tensor& start, int64_t coupling,
                                      const at::Tensor& positions, const at::Tensor& seed, const at::Tensor& offset,
-                                     double top_p, double min_p, bool target_is_probs, at::Device device) {
+                                     at::Device device) {
   const char* op = "csd_kernels.verify_rows: ";
   TORCH_CHECK(target_logits.dim() == 3, op, "target_logits must be [B, L, V], got ", target_logits.sizes());
   CheckedArgs a;
@@ -96,7 +127,6 @@ inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::
   on_device(offset, "offset");
   TORCH_CHECK(offset.scalar_type() == at::kLong && (offset.numel() == 1 || offset.numel() == a.B), op,
               "offset must be int64 [1] or [B], got ", offset.scalar_type(), " ", offset.sizes());
-  TORCH_CHECK(rule == kRuleStrict || rule == kRuleCsd, op, "rule must be 0 (strict) or 1 (csd), got ", rule);
   TORCH_CHECK(coupling >= 0 && coupling <= 2, op,
               "coupling must be 0 (independent), 1 (maximal) or 2 (gumbel), got ", coupling);
   TORCH_CHECK(temperature >= 0.0, op, "temperature must be >= 0, got ", temperature);
@@ -114,9 +144,9 @@ inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::
   p.greedy = temperature == 0.0 ? 1 : 0;
   p.inv_temperature = temperature > 0.0 ? static_cast<float>(1.0 / temperature) : 1.0f;
   p.top_k = (top_k > 0 && top_k < a.V) ? top_k : 0;
-  p.rule = static_cast<int>(rule);
-  p.entropy_coef = static_cast<float>(entropy_coef);
-  p.tvd_threshold = static_cast<float>(tvd_threshold);
+  set_rule(p, rule, rule_params, gather_distortion, neighbours, a.V, device, op);
+  TORCH_CHECK(!(coupling == kCouplingMaximal && rule_residual_qa(p.rule)), op, "rule ", kRuleInfo[rule].name,
+              " resamples from max(p - q*a, 0): the maximal coupling needs the strict residual");
   p.coupling = static_cast<int>(coupling);
   p.top_p = static_cast<float>(top_p);
   p.log_min_p = min_p > 0.0 ? static_cast<float>(std::log(min_p)) : -std::numeric_limits<float>::infinity();
@@ -213,13 +243,15 @@ inline PreparedCall prepare_call(const CheckedArgs& a, const at::Tensor& target_
 namespace csd {
 
 // Entry points registered for torch.ops.csd_kernels.verify_rows (same signature as the schema).
+// (csd_kernels/backends/spec.py's VERIFY_ARGS, in order)
 #define CSD_VERIFY_ROWS_SIGNATURE(NAME)                                                                             \
   VerifyTuple NAME(const at::Tensor& target_logits, const at::Tensor& draft_tokens,                               \
                     const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& uncond_logits, \
-                    double cfg_scale, double temperature, int64_t top_k, int64_t rule, double entropy_coef,        \
-                    double tvd_threshold, const at::Tensor& start, int64_t coupling,                            \
-                    const at::Tensor& positions, const at::Tensor& seed, const at::Tensor& offset,                 \
-                    bool return_probs, double top_p, double min_p, bool target_is_probs)
+                    const std::optional<at::Tensor>& neighbours, double cfg_scale, double temperature,           \
+                    int64_t top_k, double top_p, double min_p, bool target_is_probs, int64_t rule,               \
+                    c10::ArrayRef<double> rule_params, bool gather_distortion, const at::Tensor& start,          \
+                    int64_t coupling, const at::Tensor& positions, const at::Tensor& seed,                       \
+                    const at::Tensor& offset, bool return_probs)
 
 CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cpu);
 #ifdef CSD_WITH_CUDA

@@ -15,6 +15,8 @@
 
 #include <map>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "../csrc/cpu/tree_candidates.h"
 #include "../csrc/include/philox.h"
@@ -130,6 +132,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                               {"missing_committed_token", csd::kStatusMissingCommittedToken}};
       },
       "The per-row status bits of verify_rows (the tests hold them to reference.STATUS_*)");
+  m.def(
+      "rule_table",
+      [] {
+        std::vector<std::tuple<int, std::string, int>> rules;
+        for (const csd::RuleInfo& r : csd::kRuleInfo) rules.emplace_back(int(r.code), r.name, r.params);
+        return rules;
+      },
+      "The acceptance rules of the kernels: (code, name, parameter count) from csd::Rule (the tests hold them to "
+      "config/acceptance.py)");
   m.def("philox4x32", &philox4x32, "Philox4x32-10 of uint32 values in int64 tensors -> 4 int64 tensors",
         pybind11::arg("c0"), pybind11::arg("c1"), pybind11::arg("c2"), pybind11::arg("c3"), pybind11::arg("k0"),
         pybind11::arg("k1"));
@@ -149,17 +160,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_isa", &csd::cpu_isa, "The CPU code path verify_rows uses now: 'avx512', 'avx2' or 'baseline'");
 }
 
+// The schemas are csd_kernels/backends/spec.py's argument lists (tests/test_rules.py compares them).
 TORCH_LIBRARY(csd_kernels, m) {
   m.def(
       "verify_rows(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, Tensor? uncond_logits, "
-      "float cfg_scale, float temperature, int top_k, int rule, float entropy_coef, float tvd_threshold, "
-      "Tensor start, int coupling, Tensor positions, Tensor seed, Tensor offset, bool return_probs, "
-      "float top_p=1.0, float min_p=0.0, bool target_is_probs=False) "
+      "Tensor? neighbours, float cfg_scale, float temperature, int top_k, float top_p, float min_p, "
+      "bool target_is_probs, int rule, float[] rule_params, bool gather_distortion, Tensor start, int coupling, "
+      "Tensor positions, Tensor seed, Tensor offset, bool return_probs) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "verify_tree_rows(Tensor target_logits, Tensor? uncond_logits, Tensor node_tokens, Tensor draft_probs, "
-      "Tensor? sibling_probs, Tensor children, float cfg_scale, float temperature, int top_k, float top_p, "
-      "float min_p, int rule, float entropy_coef, float tvd_threshold, Tensor seed, Tensor offset) "
+      "Tensor? sibling_probs, Tensor? neighbours, Tensor children, float cfg_scale, float temperature, int top_k, "
+      "float top_p, float min_p, int rule, float[] rule_params, bool gather_distortion, Tensor seed, Tensor offset) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 

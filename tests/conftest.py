@@ -106,6 +106,11 @@ LUMINA_KW = dict(grid=(2, 4), image_token_range=(8, 40), row_end_token_id=41, im
                  image_end_token_id=43, size_token_offset=44)
 
 
+def _image_vocabulary(ids) -> dict:
+    """Chameleon's names of image tokens: code c is "IMGIMG" + c's digits as letters (0 -> A) + "Z"."""
+    return {"IMGIMG" + "".join(chr(65 + int(d)) for d in str(c)) + "Z": i for c, i in enumerate(ids)}
+
+
 def build_tiny_chameleon():
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
@@ -114,7 +119,7 @@ def build_tiny_chameleon():
         num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3,
         vq_config=dict(embed_dim=8, num_embeddings=32, latent_channels=32, base_channels=32, channel_multiplier=[1, 1],
                        num_res_blocks=1, resolution=16, attn_resolutions=[]),
-        vocabulary_map={f"IMGIMG{chr(65 + i)}Z": 8 + i for i in range(8)},
+        vocabulary_map=_image_vocabulary(range(8, 40)),  # the 32 codes: the adapter's codebook() maps each
     )
     return _seeded(lambda: ChameleonForConditionalGeneration(cfg), 1)
 

@@ -117,6 +117,13 @@ CASES = _no_gpu([
     ("compare", CMP + ["--window", "0"], "--window"),
     ("compare", CMP + ["--tvd-threshold", "-0.5"], "--tvd-threshold"),
     ("compare", CMP + ["--backend", "foo"], "--backend"),
+    ("compare", CMP + ["--group-rank", "0"], "--group-rank"),
+    ("compare", CMP + ["--group-delta", "-1"], "--group-delta"),
+    ("compare", CMP + ["--arsample-scale", "0"], "--arsample-scale"),
+    ("compare", CMP + ["--arsample-offset", "2"], "--arsample-offset"),
+    ("compare", CMP + ["--lantern-delta", "1.5"], "--lantern-delta"),
+    ("compare", CMP + ["--lantern-lambda", "0.5"], "--lantern-lambda"),
+    ("compare", CMP + ["--lantern-k", "0"], "--lantern-k"),
     ("compare", CMP + ["--device", "cuda"], "--device"),
     # sweep (before any generation)
     ("sweep", ["sweep", "--taus", "2"], "--taus"),

@@ -20,8 +20,10 @@ PROMPTS = torch.tensor([[16], [17], [18]])  # three different class tokens of ti
 
 @pytest.fixture(scope="module")
 def image_gpt(tiny_llama):
-    """4 x 5 grid over 16 codes: rows of different length, windows that straddle grid rows."""
-    return ImageGPT(tiny_llama, image_token_range=(0, 16), grid=(4, 5), null_token_id=23)
+    """4 x 5 grid over 16 codes: rows of different length, windows that straddle grid rows; a codebook [16, 4] for
+    the lantern modes."""
+    codebook = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+    return ImageGPT(tiny_llama, image_token_range=(0, 16), grid=(4, 5), null_token_id=23, codebook=codebook)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -159,6 +161,15 @@ def test_jd_distortion_is_unknown_and_counts_as_zero(image_gpt):
     jd = generate(image_gpt, PROMPTS, mode="jd", window=8, cfg_scale=2.0, seed=1)
     assert bool(jd.distortion_map.isnan().any())
     np.testing.assert_array_equal(jd.distortion_per_row(), np.zeros(3))
+
+
+def test_lantern_distortion_is_nan_unless_gathered(image_gpt):
+    """Without gather_distortion the op leaves lantern's distortion NaN (not computed): so does the per-row mean,
+    never a silent 0; with it, the exact distortion is a positive number."""
+    kw = dict(mode="lantern", window=8, cfg_scale=2.0, seed=1, lantern_delta=0.3)
+    assert np.isnan(generate(image_gpt, PROMPTS, **kw).distortion_per_row()).all()
+    gathered = generate(image_gpt, PROMPTS, gather_distortion=True, **kw).distortion_per_row()
+    assert np.isfinite(gathered).all() and (gathered > 0).any()
 
 
 @pytest.mark.parametrize("mode", MODES)

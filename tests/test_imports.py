@@ -99,10 +99,11 @@ def test_no_import_cycles():
 # Which layers each layer may import (its own is always allowed). A layer is a subpackage of csd_kernels, or one of
 # its top-level modules: "csd_kernels" (the package's front, __init__.py), "testing", "__main__", and the torch-free
 # leaves every layer may read: "constants" (shared names and defaults), "_lazy" (lazily loaded package names) and
-# "config" (GenerationConfig and its rules: models give their defaults as one, so it sits below models), and
-# "fileio" (the files a command reads and writes, with one-line errors). Backends are reached only through ops; the
-# top row (zoo, bench, runner, cli) builds on everything below it.
-_LEAVES = {"constants", "_lazy", "fileio"}
+# "config" (GenerationConfig and its rules, the acceptance rules' and the modes' tables: models give their defaults as
+# one, so it sits below models; it imports constants only), and "fileio" (the files a command reads and writes, with
+# one-line errors). Backends are reached only through ops; the top row (zoo, bench, runner, cli) builds on everything
+# below it.
+_LEAVES = {"constants", "_lazy", "config", "fileio"}
 MAY_IMPORT = {
     "constants": set(),
     "_lazy": set(),

@@ -16,7 +16,7 @@ from scipy.stats import chisquare  # noqa: E402
 import csd_kernels as ck  # noqa: E402
 from csd_kernels import reference as ref  # noqa: E402
 from csd_kernels.ops.registry import available_backends  # noqa: E402
-from csd_kernels.testing import compare, make_case, reference_result  # noqa: E402
+from csd_kernels.testing import compare, make_case, reference_result, rule_inputs  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's inf − inf inside Triton's interpreter
 
@@ -278,13 +278,15 @@ def test_masked_drafts_are_always_rejected(backend):
 @pytest.mark.parametrize("rule", ref.RULES)
 @pytest.mark.parametrize("backend", FAST + TRITON_PATHS)
 def test_disjoint_supports_reject_everything(backend, rule):
+    if rule == "gsd" and backend in ("triton-split", "triton-chunked"):
+        pytest.skip("Triton runs gsd on the register path only (its row sorted in one program)")
     batch, length, vocab = (3, 2, 20) if interpreted(backend) else (32, 3, 20)
     logits = torch.randn(batch, length, vocab).masked_fill(torch.arange(vocab) >= 10, NINF)  # p on [0, 10)
     q = torch.softmax(torch.randn(batch, length, vocab), -1).masked_fill(torch.arange(vocab) < 10, 0.0)
     q = q / q.sum(-1, keepdim=True)  # q on [10, 20)
     drafts = torch.multinomial(q.reshape(-1, vocab), 1).reshape(batch, length)
     res = run(backend, target_logits=logits, draft_tokens=drafts, draft_probs=q, rule=rule, tvd_threshold=1.0,
-              entropy_coef=10.0, seed=1)
+              entropy_coef=10.0, seed=1, **rule_inputs(rule, vocab))
     assert (res.accept_len == 0).all() and (res.tokens < 10).all()
     assert (res.distortion == 0).all() and torch.allclose(res.tvd, torch.ones_like(res.tvd))
 

@@ -113,7 +113,8 @@ def test_the_tree_help_names_the_modes_that_take_a_tree():
     """--tree said "--mode sjd" while --mode csd --tree 3,2 works (as the README says)."""
     for command, action in _subcommand_actions():
         if action.dest == "tree":
-            named = set(re.findall(r"\b(" + "|".join(MODES) + r")\b", action.help.split("--mode")[-1]))
+            names = "|".join(map(re.escape, sorted(MODES, key=len, reverse=True)))  # lantern++ before lantern
+            named = set(re.findall(r"(?<![\w+])(" + names + r")(?![\w+])", action.help.split("--mode")[-1]))
             assert named == set(TREE_MODES), (command, action.help)
     for mode in TREE_MODES:
         assert check_tree((3, 2), mode, 16, "maximal", static=True) == (3, 2)
@@ -125,7 +126,7 @@ def test_the_tree_help_names_the_modes_that_take_a_tree():
 def test_compare_rows_name_their_coupling_and_generate_s_default_is_one_of_them():
     labels = [label for label, _, _ in commands.COMPARE_RUNS]
     assert labels == ["ar", "sjd+independent", "sjd+maximal", "sjd+gumbel", "gsd", "csd+independent", "csd+maximal",
-                      "csd+gumbel"]
+                      "csd+gumbel", "arsample+maximal", "lantern+maximal", "lantern+++maximal"]
     assert all(label == run_label(mode, coupling) for label, mode, coupling in commands.COMPARE_RUNS)
     assert run_label("csd") == f"csd+{DEFAULT_COUPLING}" in labels  # csd generate --mode csd: that row
     assert [run_label(s.mode, s.coupling) for s in frontier.settings(trees=()) if s.mode == "sjd"] == [

@@ -126,11 +126,14 @@ def test_entropy_and_total_variation_values():
 
 
 def test_acceptance_rules():
+    # four positions of a two-token vocabulary; the draft is token 0 with p(x), q(x) as listed
     p_x, q_x = torch.tensor([0.1, 0.1, 0.3, 0.2]), torch.tensor([0.4, 0.4, 0.0, 0.1])
+    p, q = torch.stack([p_x, 1 - p_x], -1), torch.stack([q_x, 1 - q_x], -1)
     h, tvd = torch.tensor([1.0, 1.0, 5.0, 1.0]), torch.tensor([0.5, 0.9, 0.1, 0.1])
-    strict = ref.acceptance_probability(p_x, q_x, h, tvd, "strict", 0.5, 0.65)
+    x = torch.zeros(4, 1, dtype=torch.int64)
+    strict = ref.Acceptance("strict", p, q).at(x)[:, 0]
     assert strict.tolist() == pytest.approx([0.25, 0.25, 0.0, 1.0])
-    relaxed = ref.acceptance_probability(p_x, q_x, h, tvd, "csd", 0.5, 0.65)
+    relaxed = ref.Acceptance("csd", p, q, h=h, tvd=tvd, entropy_coef=0.5, tvd_threshold=0.65).at(x)[:, 0]
     # gate open: 0.25 + 0.5·1; gate closed (TVD 0.9 ≥ τ): strict; q(x) = 0: rejected, never divided by zero
     assert relaxed.tolist() == pytest.approx([0.75, 0.25, 0.0, 1.0])
 
@@ -140,8 +143,7 @@ def test_acceptance_rules():
 def test_optimal_residual_of_strict_and_csd_is_the_plain_residual(seed, rule):
     g = torch.Generator().manual_seed(seed)
     p, q = _random_pair(50, g, sharpness=2.0)
-    h, tvd = ref.entropy(p), ref.total_variation(p, q)
-    qa = ref.accepted_mass(p, q, h, tvd, rule, entropy_coef=0.05, tvd_threshold=1.0)
+    qa = ref.accepted_mass(rule, p, q, entropy_coef=0.05, tvd_threshold=1.0)
     plain = (p - q).clamp(min=0)
     assert torch.allclose(ref.optimal_residual(p, qa), plain / plain.sum(), atol=1e-12)
 
@@ -150,9 +152,8 @@ def test_optimal_residual_of_strict_and_csd_is_the_plain_residual(seed, rule):
 def test_closed_form_distortion_equals_the_output_distribution_gap(seed):
     g = torch.Generator().manual_seed(seed)
     p, q = _random_pair(50, g, sharpness=2.0)
-    h, tvd = ref.entropy(p), ref.total_variation(p, q)
     for rule, coef in (("strict", 0.5), ("csd", 0.01), ("csd", 0.1), ("csd", 10.0)):
-        qa = ref.accepted_mass(p, q, h, tvd, rule, coef, 1.0)
+        qa = ref.accepted_mass(rule, p, q, entropy_coef=coef, tvd_threshold=1.0)
         out = ref.output_distribution(p, q, qa, ref.optimal_residual(p, qa))
         assert out.sum().item() == pytest.approx(1.0)
         gap = 0.5 * (out - p).abs().sum()

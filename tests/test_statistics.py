@@ -48,8 +48,7 @@ def _one_position(rule, backend, tvd_threshold=0.65, entropy_coef=0.5, seed=0):
 
 def _analytic_out(rule, tvd_threshold, entropy_coef):
     p = _p()
-    h, tvd = ref.entropy(p), ref.total_variation(p, Q)
-    qa = ref.accepted_mass(p, Q, h, tvd, rule, entropy_coef, tvd_threshold)
+    qa = ref.accepted_mass(rule, p, Q, entropy_coef=entropy_coef, tvd_threshold=tvd_threshold)
     return ref.output_distribution(p, Q, qa, ref.optimal_residual(p, qa)), ref.closed_form_distortion(p, Q, qa)
 
 

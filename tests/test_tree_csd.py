@@ -29,7 +29,7 @@ S = torch.tensor([0.3, 0.1, 0.25, 0.15, 0.2], dtype=torch.float64)
 
 def _chain_csd_law(p, q, entropy_coef, tvd_threshold):
     """Chain csd's output law at one position: q·a + (1 − Σ q·a)·norm(max(p − q, 0)), and its q·a."""
-    q_times_a = ref.accepted_mass(p, q, ref.entropy(p), ref.total_variation(p, q), "csd", entropy_coef, tvd_threshold)
+    q_times_a = ref.accepted_mass("csd", p, q, entropy_coef=entropy_coef, tvd_threshold=tvd_threshold)
     residual = (p - q).clamp(min=0)
     residual = torch.where(residual.sum() > 0, residual / residual.sum(), p)
     return ref.output_distribution(p, q, q_times_a, residual), q_times_a
@@ -47,7 +47,8 @@ def _candidate_sets(q, sibling_q, k: int) -> list:
     return sets
 
 
-def _node_law(p, q, sibling_q, k: int, rule: str, entropy_coef: float, tvd_threshold: float, monkeypatch):
+def _node_law(p, q, sibling_q, k: int, rule: str, entropy_coef: float, tvd_threshold: float, monkeypatch,
+              **rule_params):
     """The exact law of the token reference.tree_walk emits at a node with k candidates (slot 1 of tree (k, 2); the
     root's one child is accepted with a = 1).
 
@@ -78,7 +79,7 @@ def _node_law(p, q, sibling_q, k: int, rule: str, entropy_coef: float, tvd_thres
 
     monkeypatch.setattr(ref.tree, "inverse_cdf_sample", recording)  # the name tree_walk calls
     walk = ref.tree_walk(p_slots, tokens, qs, layout, u_accept, torch.full_like(u_accept, 0.5), rule=rule,
-                         entropy_coef=entropy_coef, tvd_threshold=tvd_threshold, sibling_q=sib)
+                         entropy_coef=entropy_coef, tvd_threshold=tvd_threshold, sibling_q=sib, **rule_params)
     monkeypatch.undo()
     assert (walk.path[:, 1] == 1).all()
     residual = drawn_from[-1] / drawn_from[-1].sum(-1, keepdim=True)
@@ -130,6 +131,23 @@ def test_csd_node_law_is_chain_csd(k, sibling_q, entropy_coef, tvd_threshold, mo
 
 
 @pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("rule, params", [("gsd", dict(group_rank=1, group_delta=0.2)), ("arsample", {}),
+                                          ("lantern", dict(lantern_delta=0.2, lantern_k=2)),
+                                          ("lantern++", dict(lantern_lambda=3.0, lantern_k=2))])
+def test_every_rule_s_node_law_is_its_chain_law(k, rule, params, monkeypatch):
+    """Any rule on the main draft, rejected into the rule's resampling law (gsd: max(p − q·a, 0)), then strict RRS of
+    the siblings: the emitted token has the chain law q·a + (1 − Σq·a)·r of that rule, exactly."""
+    if rule.startswith("lantern"):
+        params = dict(params, neighbours=torch.tensor([[1, 2], [0, 2], [1, 3], [4, 2], [3, 2]]))
+    law = _node_law(P, Q, S, k, rule, 0.5, 0.65, monkeypatch, **params)
+    acc = ref.Acceptance(rule, P, Q, **params)
+    q_times_a, residual = acc.accepted_mass(), acc.residual()
+    chain = ref.output_distribution(P, Q, q_times_a, residual / residual.sum())
+    torch.testing.assert_close(law, chain, rtol=0, atol=1e-12)
+    assert 0.5 * float((law - P).abs().sum()) > 0.01  # the relaxation moves the law: the comparison has teeth
+
+
+@pytest.mark.parametrize("k", [2, 3])
 def test_strict_node_law_is_p(k, monkeypatch):
     torch.testing.assert_close(_node_law(P, Q, S, k, "strict", 3.0, 1.0, monkeypatch), P, rtol=0, atol=1e-12)
 
@@ -159,7 +177,8 @@ def test_verify_tree_distortion_is_the_closed_form_at_path_nodes(rule, branching
     h, tvd = ref.entropy(p_at), ref.total_variation(p_at, q_at)
     below = layout.children[node, 0]
     has_draft = (below >= 0) & (tokens.gather(1, below.clamp(min=0)) >= 0)
-    closed = ref.closed_form_distortion(p_at, q_at, ref.accepted_mass(p_at, q_at, h, tvd, rule, 0.5, 0.5))
+    closed = ref.closed_form_distortion(p_at, q_at, ref.accepted_mass(rule, p_at, q_at, h=h, tvd=tvd, entropy_coef=0.5,
+                                                                      tvd_threshold=0.5))
     on_path = res.path >= 0
     for got, want in [(res.entropy, h), (res.tvd, tvd), (res.distortion, torch.where(has_draft, closed, 0))]:
         torch.testing.assert_close(got.double(), torch.where(on_path, want, 0), rtol=1e-5, atol=1e-6)

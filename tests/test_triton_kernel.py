@@ -154,29 +154,28 @@ def forced_plan(path, V):
     return tv.Plan("split", max(4, block), 4)
 
 
-def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, rule=1, entropy_coef=0.4, tvd_threshold=0.65,
-             coupling=0, return_probs=True, path=None, words=None):
+def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, rule="csd", coupling=0, return_probs=True, path=None,
+             words=None, neighbours=None, gather_distortion=False, **rule_params):
     """(verify_triton's result, reference.verify's result) as VerifyResults. ``words``: (seed, offset) as ints for
-    verify_triton in place of the case's tensors (what an eager call with ints hands it)."""
+    verify_triton in place of the case's tensors (what an eager call with ints hands it). Rule parameters: the
+    table's defaults but csd's λ 0.4 (rule_params: by name)."""
     dev = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
-    args = (
-        dev["target_logits"], dev["draft_tokens"], dev["draft_probs"], dev["uncond_logits"], cfg_scale, temperature,
-        top_k, rule, entropy_coef, tvd_threshold, dev["start"], coupling, dev["positions"],
-        *(words or (dev["seed"], dev["offset"])), return_probs,
-    )
+    rule_params = {"entropy_coef": 0.4, **rule_params}
+    options = dict(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None, rule=rule,
+                   coupling=ref.COUPLINGS[coupling], return_probs=return_probs, gather_distortion=gather_distortion,
+                   **rule_params)
+    nb = None if neighbours is None else neighbours.to(DEVICE)
+    args = testing.backend_args(dev, neighbours=nb, words=words, **options)
     if path is None:
-        got = tv.verify_triton(*args)
+        got = tv.verify_triton(args)
     else:
         plan = forced_plan(path, case["target_logits"].shape[-1])
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(tv, "plan", lambda *a, **k: plan)
-            got = tv.verify_triton(*args)
+            got = tv.verify_triton(args)
     got = ref.VerifyResult(*[t.cpu() for t in got])
     got.probs = got.probs if return_probs else None
-    expected = testing.reference_result(
-        case, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None, rule=ref.RULES[rule],
-        entropy_coef=entropy_coef, tvd_threshold=tvd_threshold, coupling=ref.COUPLINGS[coupling],
-        return_probs=return_probs)
+    expected = testing.reference_result(case, neighbours=neighbours, **options)
     return got, expected
 
 
@@ -218,8 +217,8 @@ CASES = [
     (3, 5, 7, dict(dtype=torch.float16, q=None), dict(coupling=2, top_k=3)),
     (3, 5, 7, dict(int_logits=True), dict(top_k=2, temperature=1.0)),  # top-k ties kept, ±0
     (3, 5, 7, dict(int_logits=True, q=None), dict(temperature=0.0, coupling=2)),  # greedy ties: lowest index
-    (3, 5, 7, dict(start=2, q=None), dict(rule=0)),
-    (3, 5, 7, dict(start=5), dict(rule=0, coupling=2)),
+    (3, 5, 7, dict(start=2, q=None), dict(rule="strict")),
+    (3, 5, 7, dict(start=5), dict(rule="strict", coupling=2)),
     (3, 5, 7, dict(seed_rows=True, strided=True), dict(coupling=2)),
     (3, 5, 7, dict(bad_tokens=True, start=1, q=None), {}),
     (1, 5, 1000, {}, dict(return_probs=False)),
@@ -316,7 +315,7 @@ def test_random_rows_many():
         (2, 3, 100, dict(q="uniform"), dict(temperature=0.0, coupling=2)),
         (2, 2, 70, dict(int_logits=True, q=None), dict(temperature=0.0)),
         (2, 3, 100, dict(int_logits=True, seed_rows=True), dict(coupling=2)),  # gumbel ties across slices
-        (2, 3, 100, dict(start=2), dict(rule=0, return_probs=False)),
+        (2, 3, 100, dict(start=2), dict(rule="strict", return_probs=False)),
     ],
 )
 def test_many_blocks_per_row(B, L, V, case_kw, op_kw, path):
@@ -324,6 +323,33 @@ def test_many_blocks_per_row(B, L, V, case_kw, op_kw, path):
     case = make_case(B, L, V, **case_kw)
     got, expected = run_both(case, path=path, **op_kw)
     check(got, expected, V, op_kw.get("return_probs", True))
+
+
+RULE_CASES = [  # (case kwargs, op kwargs): dense q with the csd gate open, one-hot drafts, top-k with the zero block
+    (dict(q="jacobi"), dict(coupling=1)),
+    (dict(q=None, int_logits=True), dict(coupling=2, top_k=20)),
+    (dict(q="sparse", seed_rows=True), dict(temperature=0.7)),
+]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("rule", ["gsd", "arsample", "lantern", "lantern++"])
+@pytest.mark.parametrize("case_kw, op_kw", RULE_CASES)
+def test_every_rule_matches_reference(rule, case_kw, op_kw, path):
+    """Each rule on each path (gsd: the register path, its row sorted in one program), lantern's distortion gathered:
+    tokens exactly, a(x) and the distortion within 1e-4 of reference.verify."""
+    if path == "split" and op_kw.get("top_k"):
+        pytest.skip("top-k runs on the per-position paths (plan never splits it)")
+    if rule == "gsd" and (path != "register" or op_kw.get("coupling") == 1):
+        pytest.skip("gsd runs on the register path, and never with the maximal coupling")
+    V = 100
+    case = make_case(2, 4, V, **case_kw)
+    neighbours = ref.codebook_neighbours(torch.randn(V, 3, generator=torch.Generator().manual_seed(1)), 12)
+    got, expected = run_both(case, path=path, rule=rule, neighbours=neighbours, gather_distortion=True, **op_kw)
+    check(got, expected, V)
+    assert torch.isfinite(got.distortion).all()
+    if case_kw.get("q") is not None:  # one-hot drafts under top-k 20 of 100 mostly fall outside p's support (a = 0)
+        assert (got.distortion > 0).any()  # the comparison has teeth
 
 
 def test_chunked_top_k_matches_reference():

@@ -119,14 +119,13 @@ def test_a_replaced_plan_gets_its_own_workspace(monkeypatch):
     if not tv.is_available("cpu")[0]:
         pytest.skip("the triton interpreter is off")
     case = testing.make_case(1, 2, 64, cfg=False, q="dense", seed=0)
-    args = (case["target_logits"], case["draft_tokens"], case["draft_probs"], None, 1.0, 1.0, 0, 0, 0.5, 0.65,
-            case["start"], 0, case["positions"], case["seed"], case["offset"], False)
+    args = testing.backend_args(case, rule="strict", return_probs=False)
     launched = []
     launch = tv.launch
     monkeypatch.setattr(tv, "launch", lambda kernel, *a, **k: (launched.append(kernel), launch(kernel, *a, **k)))
-    tv.verify_triton(*args)
+    tv.verify_triton(args)
     assert launched[0] is tv.split.split_stats_kernel
     launched.clear()
     monkeypatch.setattr(tv, "plan", lambda *a, **k: tv.Plan("register", 64, 4))
-    tv.verify_triton(*args)
+    tv.verify_triton(args)
     assert launched[0] is tv.register.position_kernel

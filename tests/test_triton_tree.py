@@ -16,7 +16,10 @@ import torch
 pytest.importorskip("triton")
 
 from csd_kernels import reference as ref  # noqa: E402
+from csd_kernels.backends.spec import TreeArgs  # noqa: E402
 from csd_kernels.backends.triton.verify_tree import verify_tree_triton  # noqa: E402
+from csd_kernels.ops.checks import check_rule  # noqa: E402
+from csd_kernels.testing import rule_inputs  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -66,13 +69,17 @@ def _case(branching, depth, slots, vocab, batch=4, seed=0, spread=0.6, cfg=False
 
 
 def _run_triton(layout, logits, tokens, q, *, uncond_logits=None, cfg_scale=1.0, temperature=1.0, top_k=None,
-                top_p=None, min_p=None, rule="strict", entropy_coef=0.5, tvd_threshold=0.65, sibling_probs=None,
-                seed, offset):
+                top_p=None, min_p=None, rule="strict", sibling_probs=None, neighbours=None, gather_distortion=False,
+                seed, offset, **rule_params):
     dev = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
-    out = verify_tree_triton(dev(logits), dev(uncond_logits), dev(tokens), dev(q), dev(sibling_probs),
-                             layout.children, layout.depth, cfg_scale, temperature, top_k or 0,
-                             1.0 if top_p is None else top_p, min_p or 0.0, ref.RULES.index(rule), entropy_coef,
-                             tvd_threshold, dev(seed), dev(offset))
+    checked = check_rule(rule, rule_params, dev(neighbours), logits.shape[-1], torch.device(DEVICE))
+    out = verify_tree_triton(TreeArgs(
+        target_logits=dev(logits), uncond_logits=dev(uncond_logits), node_tokens=dev(tokens), draft_probs=dev(q),
+        sibling_probs=dev(sibling_probs), neighbours=checked.neighbours, children=layout.children,
+        depth=layout.depth, branching=layout.branching, depth_limit=layout.depth_limit, cfg_scale=cfg_scale,
+        temperature=temperature, top_k=top_k or 0, top_p=1.0 if top_p is None else top_p, min_p=min_p or 0.0,
+        rule=checked.code, rule_params=checked.params, gather_distortion=gather_distortion, seed=dev(seed),
+        offset=dev(offset)))
     return dict(zip(FIELDS, (t.cpu() for t in out)))
 
 
@@ -95,11 +102,14 @@ def _check(layout, logits, tokens, q, seed=torch.tensor([7]), offset=torch.tenso
 TREES = [(1, 3, 5, 7), (2, 2, 6, 7), (3, 2, 8, 64), (2, 3, 12, 64), (3, 3, 16, 1000), (4, 2, 9, 1000)]
 
 
-@pytest.mark.parametrize("rule", ref.RULES)
+TREE_RULES = [r for r in ref.RULES if r != "gsd"]  # gsd: its groups sort the node's row (cpu, cuda; an error here)
+
+
+@pytest.mark.parametrize("rule", TREE_RULES)
 @pytest.mark.parametrize("tree", TREES, ids=lambda t: "K{}D{}S{}V{}".format(*t))
 def test_tree_equals_reference(tree, rule):
     layout, logits, tokens, q, kw = _case(*tree, seed=sum(tree))
-    _check(layout, logits, tokens, q, rule=rule, **kw)
+    _check(layout, logits, tokens, q, rule=rule, **kw, **rule_inputs(rule, tree[3]))
 
 
 OPTIONS = {  # (inputs, verify_tree keywords); the restrictions are slow in the interpreter: csd only, two rows
@@ -118,12 +128,12 @@ RESTRICTED = {
 }
 
 
-@pytest.mark.parametrize("rule", ref.RULES)
+@pytest.mark.parametrize("rule", TREE_RULES)
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_tree_options_equal_reference(option, rule):
     inputs, options = OPTIONS[option]
     layout, logits, tokens, q, kw = _case(2, 3, 12, 64, seed=len(option), spread=1.0, **inputs)
-    _check(layout, logits, tokens, q, rule=rule, **kw, **options)
+    _check(layout, logits, tokens, q, rule=rule, **kw, **options, **rule_inputs(rule, 64))
 
 
 @pytest.mark.parametrize("option", list(RESTRICTED))
@@ -134,13 +144,23 @@ def test_tree_restrictions_equal_reference(option):
     _check(layout, logits, tokens, q, rule="csd", **kw, **options)
 
 
-@pytest.mark.parametrize("rule", ref.RULES)
+@pytest.mark.parametrize("rule", TREE_RULES)
 def test_siblings_after_rejections_equal_reference(rule):
     """K = 4 over V = 7 with q far from p: main drafts are often rejected and up to three siblings tested in turn
-    against the renormalised q without the earlier candidates (the RRS state that a stale q would get wrong)."""
+    against the renormalised q without the earlier candidates (the RRS state that a stale q would get wrong); every
+    rule on the main draft (lantern with its gathered distortion)."""
     layout, logits, tokens, q, kw = _case(4, 2, 7, 7, batch=24, seed=13, spread=2.0, siblings=True)
+    if rule.startswith("lantern"):
+        kw.update(neighbours=ref.codebook_neighbours(torch.randn(7, 2, generator=torch.Generator().manual_seed(2)), 3),
+                  gather_distortion=True)
     result = _check(layout, logits, tokens, q, rule=rule, **kw)
     assert ((layout.rank[result.path.clamp(min=0)] >= 2) & (result.path >= 0)).any()  # a third candidate won
+
+
+def test_gsd_trees_name_the_backends_that_run_them():
+    layout, logits, tokens, q, kw = _case(2, 2, 6, 7, batch=2, seed=1)
+    with pytest.raises(RuntimeError, match="cpu, cuda or torch"):
+        _run_triton(layout, logits, tokens, q, rule="gsd", seed=torch.tensor([1]), offset=torch.tensor([0]), **kw)
 
 
 def test_csd_relaxes_the_main_draft_only():
@@ -197,7 +217,7 @@ def test_tree_kernel_compiles_for_sm90():
     """The restricted (top-k / top-p / min-p) and greedy strict variants; the default one is in report.py's table
     (tests/test_triton_compile.py)."""
     code = ("import json; from csd_kernels.backends.triton.report import compile_tree_kernel as c; "
-            "print(json.dumps([vars(c(65536, top_k=True)), vars(c(1000, greedy=True, csd_rule=False, "
+            "print(json.dumps([vars(c(65536, top_k=True)), vars(c(1000, greedy=True, rule='strict', "
             "logits_dtype='float32'))]))")
     result = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="0"),
                             capture_output=True, text=True, timeout=900)

@@ -7,6 +7,7 @@ from torch.library import opcheck
 
 import csd_kernels as ck
 from csd_kernels import reference as ref
+from csd_kernels import testing
 
 BACKENDS = ck.available_backends("cpu")
 FAST_BACKENDS = [name for name in BACKENDS if name != "triton"]  # the interpreter runs one program at a time
@@ -136,19 +137,32 @@ def test_unavailable_backend_says_how_to_get_it(monkeypatch):
 # ---------------------------------------------------------------------------------------------------------------------
 # torch.library: opcheck and torch.compile
 # ---------------------------------------------------------------------------------------------------------------------
-def _op_args(backend, with_probs):
+def _op_args(backend, with_probs, rule="csd"):
     logits, drafts = _inputs(batch=2, length=4, vocab=9)
     drafts[0, 2] = -1
     probs = torch.full((1, 1, 1), 1 / 9).expand(2, 4, 9) if with_probs else None
     zeros = torch.zeros(2, dtype=torch.int64)
-    return (logits, drafts, probs, torch.randn(2, 4, 9), 3.0, 0.7, 5, 1, 0.5, 0.65, zeros, 1, zeros,
-            torch.tensor([3]), torch.tensor([1]), True, 0.9, 0.05, False, backend)
+    case = dict(target_logits=logits, draft_tokens=drafts, draft_probs=probs, uncond_logits=torch.randn(2, 4, 9),
+                start=zeros, positions=zeros, seed=torch.tensor([3]), offset=torch.tensor([1]))
+    lantern = rule.startswith("lantern")
+    neighbours = torch.randint(0, 9, (9, 3), generator=torch.Generator().manual_seed(0)) if lantern else None
+    # lantern's distortion gathered: NaN (not computed) would never compare equal between eager and traced calls
+    args = testing.backend_args(case, cfg_scale=3.0, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, rule=rule,
+                                neighbours=neighbours, gather_distortion=lantern,
+                                coupling="maximal" if rule != "gsd" else "gumbel")
+    return (*args, backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("with_probs", [False, True])
 def test_opcheck(backend, with_probs):
     opcheck(torch.ops.csd_kernels.verify.default, _op_args(backend, with_probs))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rule", [r for r in ref.RULES if r not in ("strict", "csd")])
+def test_opcheck_every_rule(backend, rule):
+    opcheck(torch.ops.csd_kernels.verify.default, _op_args(backend, True, rule))
 
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ extension is not built")

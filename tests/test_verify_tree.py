@@ -12,7 +12,9 @@ from torch.library import opcheck
 import csd_kernels as ck
 from csd_kernels import reference as ref
 from csd_kernels.backends.compiled import has_tree
+from csd_kernels.backends.spec import TREE_ARGS, TreeArgs
 from csd_kernels.ops import verify_tree as tree_ops
+from csd_kernels.ops.checks import check_rule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -84,15 +86,23 @@ CASES = {  # id: (K, D, W, B, V, input options, op options)
     "k4d2-f16-cfg-missing-csd": (4, 2, 16, 2, 200, dict(dtype=torch.float16, cfg=True, missing=0.2),
                                  dict(rule="csd", cfg_scale=2.0, entropy_coef=0.8, tvd_threshold=0.9)),
     "k2d2-small-all": (2, 2, 6, 2, 9, dict(sibling=True), dict(top_k=5, top_p=0.8, min_p=0.1, temperature=1.3)),
+    # every other rule on the main draft (gsd: its groups sort the node's row; not on triton)
+    "k3d2-gsd": (3, 2, 8, 3, 200, dict(sibling=True), dict(rule="gsd", group_rank=4, group_delta=0.1)),
+    "k2d3-arsample-cfg": (2, 3, 12, 2, 300, dict(cfg=True), dict(rule="arsample", cfg_scale=2.0)),
+    "k3d2-lantern-gathered": (3, 2, 8, 2, 200, dict(missing=0.1),
+                              dict(rule="lantern", lantern_delta=0.2, gather_distortion=True)),
+    "k2d2-lantern++-topk": (2, 2, 6, 3, 200, {}, dict(rule="lantern++", lantern_lambda=3.0, top_k=30)),
 }
+_NEIGHBOURS = ref.codebook_neighbours(torch.randn(200, 3, generator=torch.Generator().manual_seed(0)), 20)
 
 
 def _assert_same(got: ref.TreeResult, want: ref.TreeResult) -> None:
     for field in ("accept_len", "path", "tokens", "status"):
         assert torch.equal(getattr(got, field).cpu(), getattr(want, field)), field
     for field in ("accept_prob", "entropy", "tvd", "distortion"):
+        # equal_nan: lantern's distortion without gather_distortion is NaN, on every backend alike
         torch.testing.assert_close(getattr(got, field).cpu(), getattr(want, field), rtol=1e-5, atol=1e-5,
-                                   msg=lambda m, f=field: f"{f}: {m}")
+                                   equal_nan=field == "distortion", msg=lambda m, f=field: f"{f}: {m}")
 
 
 def _reference(inputs: dict, seed, offset, **options) -> ref.TreeResult:
@@ -111,9 +121,13 @@ def test_backend_equals_reference(backend, case):
     K, D, W, B, V, input_options, options = CASES[case]
     if backend == "triton" and B * W * V > FAST and not torch.cuda.is_available():
         pytest.skip("too large for the Triton interpreter")
+    if backend == "triton" and options.get("rule") == "gsd":
+        pytest.skip("triton verifies no gsd trees (test_triton_tree.py: the error names the backends that do)")
+    if options.get("rule", "").startswith("lantern"):
+        options = dict(options, neighbours=_NEIGHBOURS.to(_device(backend)))
     inputs = _tree_inputs(K, D, W, B, V, **input_options)
     seed, offset = torch.arange(B, dtype=torch.int64) + 11, torch.tensor([3])
-    want = _reference(inputs, seed, offset, **options)
+    want = _reference(inputs, seed, offset, **{k: (v.cpu() if k == "neighbours" else v) for k, v in options.items()})
     device = _device(backend)
     got = ck.verify_tree(**_on(inputs, device), seed=seed.to(device), offset=offset.to(device), backend=backend,
                          **options)
@@ -241,12 +255,17 @@ def test_mismatched_devices_are_named():
 # ----------------------------------------------------------------------------------------------------------------------
 # torch.library: opcheck, the fakes' shapes, torch.compile
 # ----------------------------------------------------------------------------------------------------------------------
-def _op_args(backend: str, sibling: bool = True):
+def _op_args(backend: str, sibling: bool = True) -> tuple:
+    """The custom op's arguments (backends/spec.py's TREE_ARGS, then the backend) of a csd case with every option."""
     x = _tree_inputs(3, 2, 8, 2, 12, cfg=True, sibling=sibling, missing=0.1)
     layout = x["layout"]
-    return (x["target_logits"], x["uncond_logits"], x["node_tokens"], x["draft_probs"], x.get("sibling_probs"),
-            layout.children, layout.depth, 3, 2, 2.0, 0.8, 6, 0.95, 0.02, 1, 0.5, 0.65, torch.tensor([4, 5]),
-            torch.tensor([2]), backend)
+    checked = check_rule("csd", dict(entropy_coef=0.5, tvd_threshold=0.65), None, 12, torch.device("cpu"))
+    args = TreeArgs(target_logits=x["target_logits"], uncond_logits=x["uncond_logits"], node_tokens=x["node_tokens"],
+                    draft_probs=x["draft_probs"], sibling_probs=x.get("sibling_probs"), neighbours=None,
+                    children=layout.children, depth=layout.depth, branching=3, depth_limit=2, cfg_scale=2.0,
+                    temperature=0.8, top_k=6, top_p=0.95, min_p=0.02, rule=checked.code, rule_params=checked.params,
+                    gather_distortion=False, seed=torch.tensor([4, 5]), offset=torch.tensor([2]))
+    return (*args, backend)
 
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b.values[0] in ("torch", "cpu")])
@@ -257,8 +276,8 @@ def test_opcheck(backend, sibling):
 
 @_skip("cpu")
 def test_opcheck_compiled_op():
-    args = _op_args("cpu")
-    opcheck(torch.ops.csd_kernels.verify_tree_rows.default, args[:6] + args[9:-1])
+    compiled = tuple(value for arg, value in zip(TREE_ARGS, _op_args("cpu")) if arg.compiled)
+    opcheck(torch.ops.csd_kernels.verify_tree_rows.default, compiled)
 
 
 def test_fake_shapes():

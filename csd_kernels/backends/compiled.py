@@ -1,6 +1,6 @@
 """The callers of the compiled extension ``csd_kernels._C`` (python/bindings.cpp: the C++ CPU kernels and, when built
 with CUDA, the CUDA ones; csrc/). They check nothing (the ops did) and keep the positional contract of the ops'
-backend functions."""
+backend functions (backends/spec.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import importlib
 from typing import Optional
 
 import torch
+
+from .spec import TREE_ARGS, TreeArgs, VerifyArgs, compiled_names
 
 __all__ = ["compiled_extension", "load_error", "has_tree", "verify_rows", "verify_tree_rows", "random_draft_tokens",
            "tree_candidates"]
@@ -40,19 +42,19 @@ def has_tree() -> bool:
     return compiled_extension() is not None and hasattr(torch.ops.csd_kernels, "verify_tree_rows")
 
 
-def verify_rows(*args) -> tuple:
-    """``csd_kernels::verify_rows`` on the arguments of ops.verify's backend functions: the 8 fields of VerifyResult."""
+def verify_rows(args: VerifyArgs) -> tuple:
+    """``csd_kernels::verify_rows`` on ops.verify's arguments (its schema is the spec's): the 8 fields of
+    VerifyResult."""
     return tuple(torch.ops.csd_kernels.verify_rows(*args))
 
 
-def verify_tree_rows(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth,
-                     branching, depth_limit, cfg_scale, temperature, top_k, top_p, min_p, rule, entropy_coef,
-                     tvd_threshold, seed, offset) -> tuple:
-    """``csd_kernels::verify_tree_rows`` on the arguments of ops.verify_tree's backend functions (depth, branching
-    and depth_limit are not part of its schema)."""
-    return tuple(torch.ops.csd_kernels.verify_tree_rows(
-        target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, cfg_scale, temperature,
-        top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed, offset))
+_TREE_COMPILED = compiled_names(TREE_ARGS)
+
+
+def verify_tree_rows(args: TreeArgs) -> tuple:
+    """``csd_kernels::verify_tree_rows`` on ops.verify_tree's arguments (those of the spec its schema has)."""
+    fields = args._asdict()
+    return tuple(torch.ops.csd_kernels.verify_tree_rows(*(fields[name] for name in _TREE_COMPILED)))
 
 
 def random_draft_tokens(seed, offset, positions, length: int, vocab: int) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """The speed–quality frontier of a zoo model: every decoding mode, CSD over a λ × τ grid, GSD over its group (k, δ),
-draft trees, mean ± spread over seeds.
+every other acceptance rule over a grid of its parameters (``rule_grids``: ARsample's constants, LANTERN's δ,
+LANTERN++'s λ), draft trees, mean ± spread over seeds.
 
 ``csd sweep`` (and ``benchmarks/frontier_digits.py``) run :func:`sweep`. Every setting generates the same prompts
 (digits: each class ``per_class`` times; scenes: a fixed prompt mix, :func:`csd_kernels.zoo.measurement_prompts`) with
@@ -25,10 +26,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..config.generation import run_label
+from ..config.acceptance import GRID_RULES, PARAMS, rule_named
+from ..config.generation import DEFAULT_COUPLING, run_label
+from ..config.modes import MODE_TABLE
+from ..constants import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
 from ..decoding.validation import TREE_MODES
 from ..fileio.outputs import Output
-from ..reference.gsd import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
 from ..zoo import Measure
 from .frontier_plot import spread_of
 
@@ -53,16 +56,25 @@ class Setting:
     static: bool = False  # the static loop (every row its own window); a tree implies it
     group_rank: int | None = None  # gsd only: the group (k, δ); None: generate()'s defaults
     group_delta: float | None = None
+    params: tuple = ()  # the other rules' parameters, (name, value) pairs (config/acceptance.py's names)
     window: int | None = None  # None: the model's default window
 
     @property
     def lossless(self) -> bool:
         return self.mode in ("ar", "sjd") or (self.mode == "csd" and self.entropy_coef == 0.0)
 
+    @property
+    def rule(self) -> str | None:
+        """The acceptance rule the setting verifies with (config/modes.py), None for jd."""
+        return MODE_TABLE[self.mode].rule
+
     def generate_kwargs(self) -> dict:
         kwargs = dict(mode=self.mode, coupling=self.coupling)
         if self.mode == "csd":
             kwargs.update(entropy_coef=self.entropy_coef, tvd_threshold=self.tvd_threshold)
+        kwargs.update(self.params)
+        if self.rule is not None and rule_named(self.rule).distortion_gathers:
+            kwargs["gather_distortion"] = True  # the distortion axis, exact (V·k gathers per position)
         if self.static or self.tree is not None:
             kwargs["static"] = True
         if self.tree is not None:
@@ -74,10 +86,49 @@ class Setting:
         return kwargs
 
 
+def rule_settings(rule_grids: dict) -> list[Setting]:
+    """For each rule of ``rule_grids`` ({rule: [{param: value}, ...]}, the other rules than strict, csd and gsd) one
+    setting per point of its grid, in its mode with the default coupling, labelled by the table (e.g.
+    "lantern+maximal δ=0.1 k=1000"; a parameter the point leaves out takes its default)."""
+    out = []
+    for rule, points in rule_grids.items():
+        spec, mode = rule_named(rule), MODE_TABLE[rule]
+        coupling = DEFAULT_COUPLING if mode.coupling else None
+        for point in points:
+            values = {p.name: point.get(p.name, p.default) for p in spec.params}
+            label = " ".join([_label(rule, coupling or "independent"), *spec.label.format(**values).split(" ")[1:]])
+            out.append(Setting(label, rule, coupling, params=tuple(sorted(point.items()))))
+    return out
+
+
+def grid_points(values: dict) -> list[dict]:
+    """Every combination of {param: (values...)}: [{param: value}, ...] (one empty point without values)."""
+    points = [{}]
+    for name, choices in values.items():
+        points = [dict(point, **{name: v}) for point in points for v in choices]
+    return points
+
+
+def rule_grids(values: dict) -> dict:
+    """{param: (values...)} of any rules' parameters -> {rule: points}: each rule with a swept parameter, over the
+    product of its swept parameters (the others at their defaults). csd and gsd have their own grids (settings)."""
+    grids = {}
+    for name in values:
+        if name not in PARAMS:
+            raise ValueError(f"{name}: not a rule parameter (one of {', '.join(PARAMS)})")
+    for rule in GRID_RULES:
+        mine = {name: v for name, v in values.items() if name in rule_named(rule).param_names()}
+        if mine and set(mine) != {"lantern_k"}:
+            grids[rule] = grid_points(mine)
+    return grids
+
+
 def settings(lambdas=LAMBDAS, taus=TAUS, couplings=CSD_COUPLINGS, trees=TREES,
-             tree_modes=TREE_MODES, gsd=(), sjd_couplings=SJD_COUPLINGS, windows=()) -> list[Setting]:
+             tree_modes=TREE_MODES, gsd=(), sjd_couplings=SJD_COUPLINGS, windows=(),
+             rules: dict | None = None) -> list[Setting]:
     """ar, sjd (each next-draft coupling of ``sjd_couplings``: independent / maximal / gumbel), gsd (its defaults,
-    then each (k, δ) of ``gsd`` but those), csd over couplings × λ × τ, then with trees the chain sjd+maximal in the
+    then each (k, δ) of ``gsd`` but those), csd over couplings × λ × τ, each rule of ``rules`` over its grid
+    (rule_settings), then with trees the chain sjd+maximal in the
     static loop (the trees' loop: the like-for-like reference) and for each tree (K, D): sjd+maximal+tree and (csd in
     tree_modes, maximal in couplings) csd+maximal+tree over λ × τ. Each window of ``windows`` repeats the sjd and
     csd chain settings at that window (labels " W32"; the others run at the model's default window)."""
@@ -88,6 +139,7 @@ def settings(lambdas=LAMBDAS, taus=TAUS, couplings=CSD_COUPLINGS, trees=TREES,
            for c in couplings for lam in lambdas for tau in taus]
     csd += [Setting(f"{s.label} W{w}", s.mode, s.coupling, s.entropy_coef, s.tvd_threshold, window=w)
             for w in windows for s in fixed[1:1 + len(sjd_couplings)] + csd]
+    csd += rule_settings(rules or {})
     tree_sjd = [Setting(f"sjd+maximal+tree {k}x{d}", "sjd", "maximal", tree=(k, d))
                 for k, d in trees if "sjd" in tree_modes]
     if trees:
@@ -224,6 +276,16 @@ def pareto(rows: dict, measures) -> list[str]:
     return sorted(front, key=lambda label: rows[label]["passes"]["mean"])
 
 
+def rule_fronts(rows: dict, grid: dict, measures) -> dict:
+    """{rule: its settings on its own Pareto front, by passes} for every relaxed rule the grid holds: the curve of
+    that rule in the frontier plot."""
+    fronts = {}
+    for label, setting in grid.items():
+        if setting.rule not in (None, "strict") and setting.tree is None:
+            fronts.setdefault(setting.rule, []).append(label)
+    return {rule: pareto({label: rows[label] for label in labels}, measures) for rule, labels in fronts.items()}
+
+
 def csd_vs_gsd(rows: dict, grid: dict, measures) -> dict:
     """The paper's claim, csd beats gsd at equal passes, by dominance of the means: for each gsd setting the csd
     settings with no more passes and no worse quality on every measure (better somewhere), and for each csd setting
@@ -247,7 +309,7 @@ def answers(rows: dict, grid: dict, measures, spread: str = "std") -> dict:
     return {"pareto": pareto(rows, measures), "fast_inside_ar_band": fast,
             "fewest_inside_ar_band": band[0] if band else None,
             "best_lossless": min(lossless, key=lambda label: rows[label]["passes"]["mean"]) if lossless else None,
-            "csd_vs_gsd": csd_vs_gsd(rows, grid, measures)}
+            "csd_vs_gsd": csd_vs_gsd(rows, grid, measures), "rule_fronts": rule_fronts(rows, grid, measures)}
 
 
 # ------------------------------------------------------------------------------------------------------- outputs
@@ -317,13 +379,13 @@ def write_csv(result: dict, path: str) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["label", "mode", "coupling", "entropy_coef", "tvd_threshold", "tree", "static", "group_rank",
-                         "group_delta"] + [f"{k}_{s}" for k in metrics for s in ("mean", "std")])
+                         "group_delta", "params"] + [f"{k}_{s}" for k in metrics for s in ("mean", "std")])
         for label, r in result["results"].items():
             s = result["settings"][label]
             tree = "" if s.get("tree") is None else "x".join(map(str, s["tree"]))
             setting = [label, s["mode"], s["coupling"] or "", _blank(s["entropy_coef"]), _blank(s["tvd_threshold"]),
                        tree, int(bool(s.get("static")) or bool(tree)), _blank(s.get("group_rank")),
-                       _blank(s.get("group_delta"))]
+                       _blank(s.get("group_delta")), ";".join(f"{k}={v:g}" for k, v in s.get("params") or ())]
             writer.writerow(setting + [f"{r[k][stat]:.6g}" for k in metrics for stat in ("mean", "std")])
 
 
@@ -332,13 +394,15 @@ def _blank(value) -> str:
 
 
 def save(result: dict, prefix: str) -> dict:
-    """Writes PREFIX.json, PREFIX.csv and PREFIX.png, all or none (:class:`~csd_kernels.fileio.outputs.Output`: a
-    failure leaves the earlier three as they were); returns their paths."""
-    from .frontier_plot import plot
+    """Writes PREFIX.json, PREFIX.csv, PREFIX.png (every setting) and PREFIX-rules.png (a curve per rule), all or
+    none (:class:`~csd_kernels.fileio.outputs.Output`: a failure leaves the earlier four as they were); returns their
+    paths."""
+    from .frontier_plot import plot, plot_rules
 
     folder, stem = os.path.split(prefix)
     with Output(folder or ".") as output:
         output.write_json(f"{stem}.json", {**result, "table": format_table(result)}, indent=1)
         write_csv(result, output.path(f"{stem}.csv"))
         plot(result, output.path(f"{stem}.png"))
-    return {ext: f"{prefix}.{ext}" for ext in ("json", "csv", "png")}
+        plot_rules(result, output.path(f"{stem}-rules.png"))
+    return {**{ext: f"{prefix}.{ext}" for ext in ("json", "csv", "png")}, "rules": f"{prefix}-rules.png"}

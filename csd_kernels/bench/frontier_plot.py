@@ -96,6 +96,64 @@ def _panel(ax, result: dict, key: str, colours: dict, markers: dict) -> None:
     ax.grid(alpha=0.3, which="both")
 
 
+RULE_COLOURS = {"csd": "tab:blue", "gsd": "tab:orange", "arsample": "tab:green", "lantern": "tab:brown",
+                "lantern++": "tab:pink"}
+
+
+def plot_rules(result: dict, path: str) -> None:
+    """A curve per relaxed rule, one panel per quality measure: every chain setting of the rule as a faint marker, its
+    Pareto front (fewer passes, better on every measure; ``result["rule_fronts"]``) joined by a line, error bars the
+    std over seeds (one seed: the standard error over the images, as :func:`figure`); ar and the lossless sjd
+    settings as reference points, ar's band in grey."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..config.modes import MODE_TABLE
+
+    measures = result["measures"]
+    fronts = result.get("rule_fronts", {})  # frontier.answers (a result saved before the rules: none)
+    spread = spread_of(result["seeds"])
+    fig, axes = plt.subplots(1, len(measures), figsize=(7 * len(measures), 5), squeeze=False)
+    for ax, m in zip(axes[0], measures):
+        key, rows = m["name"], result["results"]
+        ar = rows["ar"][key]
+        width = ar.get(spread, ar["std"])
+        ax.axhspan(ar["mean"] - width, ar["mean"] + width, color="0.88", zorder=0, label=f"ar mean ± {spread}")
+        for label, s in result["settings"].items():
+            rule = MODE_TABLE[s["mode"]].rule
+            if not s.get("tree") and rule not in (None, "strict") and label not in fronts.get(rule, ()):
+                r = rows[label]
+                ax.plot(r["passes"]["mean"], r[key]["mean"], "o", color=RULE_COLOURS.get(rule, "0.5"), alpha=0.25,
+                        ms=4)
+        for rule, labels in fronts.items():
+            xs = [rows[label]["passes"]["mean"] for label in labels]
+            ys = [rows[label][key]["mean"] for label in labels]
+            es = [rows[label][key].get(spread, rows[label][key]["std"]) for label in labels]
+            ax.errorbar(xs, ys, yerr=es, fmt="-o", color=RULE_COLOURS.get(rule, "0.5"), ms=5, lw=1.2, capsize=2,
+                        label=f"{rule} ({len(labels)} on its front)")
+        for label in ("ar", "sjd+independent", "sjd+maximal"):
+            if label in rows:
+                colour, marker = FIXED_STYLE.get(label, ("0.3", "s"))
+                ax.errorbar(rows[label]["passes"]["mean"], rows[label][key]["mean"],
+                            yerr=rows[label][key].get(spread, rows[label][key]["std"]), fmt=marker, color=colour, ms=8,
+                            label=label)
+        ax.set_xscale("log")
+        _plain_numbers(ax.xaxis)
+        ax.set_xlabel("forward passes per image (log scale)")
+        ax.set_ylabel(f"{m['axis']} ({'higher' if m['higher_is_better'] else 'lower'} is better)")
+        if m["log_scale"]:
+            ax.set_yscale("log")
+            _plain_numbers(ax.yaxis)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].legend(fontsize=8)
+    shown = ("± standard error over the images" if len(result["seeds"]) == 1
+             else f"mean ± std over {len(result['seeds'])} seeds")
+    fig.suptitle(f"{result['model']}: each acceptance rule's frontier ({shown}, {result['images']} images each)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 def _plain_numbers(axis) -> None:
     """Tick labels of a log axis as plain numbers (9, 20, 300) on the ticks matplotlib labels (its minor ticks too,
     when the axis spans less than a decade, where its own labels read "9×10⁰")."""

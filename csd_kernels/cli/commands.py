@@ -22,7 +22,9 @@ import torch
 
 from .. import __version__, zoo
 from ..bench.frontier import summarise
+from ..config.acceptance import GRID_RULES
 from ..config.generation import run_label
+from ..config.modes import COUPLED_MODES
 from ..constants import COUPLINGS
 from ..decoding import DEFAULT_COUPLING, GenerationConfig, generate
 from ..decoding.validation import check, check_backend, check_device, check_generate, check_tree, row_seeds
@@ -34,10 +36,11 @@ from ..runner.summary import unmeasured_note
 from ..runner.usage import GENERATE_FILES, UsageError, as_flags, check_out, claim_generate_dir
 from .parser import GENERATION_FLAGS, sweep_lists
 
-# The rows of `csd compare`: (label, mode, coupling); sjd and csd once per coupling, each label naming it.
+# The rows of `csd compare`: (label, mode, coupling); sjd and csd once per coupling, each label naming it; then one
+# row per other relaxed rule (config/acceptance.GRID_RULES), its mode with the default coupling.
 COMPARE_RUNS = [(run_label(mode, coupling), mode, coupling)
                 for mode, couplings in (("ar", (None,)), ("sjd", COUPLINGS), ("gsd", (None,)), ("csd", COUPLINGS))
-                for coupling in couplings]
+                for coupling in couplings] + [(run_label(mode), mode, None) for mode in GRID_RULES]
 MIN_GRID_WIDTH = 480  # pixels: a few images are scaled up to this, so a title fits above them
 FONT_SIZE = 16  # pixels, of the titles and labels of grid.png and compare.png
 _MODEL_OPTIONS = ("weights", "config", "vq", "image_size", "size", "dtype")  # zoo.load keywords, one flag each
@@ -335,11 +338,23 @@ def format_compare(results: dict, measures=()) -> str:
 
 
 def table_notes(rows, measures) -> list[str]:
-    """The lines under a table of runs: what a '-' means, and which coupling sjd and csd use by default."""
+    """The lines under a table of runs: what a '-' means, and which coupling the coupled modes use by default."""
     missing = [m.label for m in measures if any(m.name not in r for r in rows)]
     notes = [unmeasured_note(missing)] if missing else []
-    return notes + [f"sjd and csd draw their next drafts with the {DEFAULT_COUPLING} coupling unless told otherwise "
-                    f"(csd generate --mode csd runs csd+{DEFAULT_COUPLING})"]
+    return notes + [f"{', '.join(COUPLED_MODES)} draw their next drafts with the {DEFAULT_COUPLING} coupling unless "
+                    f"told otherwise (csd generate --mode csd runs csd+{DEFAULT_COUPLING})"]
+
+
+def _runnable(runs, model) -> list:
+    """``runs`` without the modes whose rule needs a codebook the model lacks (lantern, lantern++)."""
+    from ..config.acceptance import rule_named
+    from ..config.modes import MODE_TABLE
+    from ..models import get_adapter
+
+    codebook = getattr(get_adapter(model), "codebook", None)
+    has_codebook = callable(codebook) and codebook() is not None
+    return [run for run in runs if has_codebook or MODE_TABLE[run[1]].rule is None
+            or not rule_named(MODE_TABLE[run[1]].rule).needs_neighbours]
 
 
 def cmd_compare(args) -> dict:
@@ -349,8 +364,8 @@ def cmd_compare(args) -> dict:
         entry = _load(args)
         _prompt_inputs(entry, args.prompt, 1)  # a bad prompt fails before any work
         seeds = list(range(args.seeds))
-        report = run_compare(entry, [args.prompt] * args.num, seeds, generate_kwargs=_generate_kwargs(args, entry),
-                             progress=not args.quiet)
+        report = run_compare(entry, [args.prompt] * args.num, seeds, runs=_runnable(COMPARE_RUNS, entry.model),
+                             generate_kwargs=_generate_kwargs(args, entry), progress=not args.quiet)
         table = format_compare(report["results"], entry.measures)
         print(table)
         samples = report.pop("samples")
@@ -424,12 +439,14 @@ def _sweep_prompts(args) -> list[str]:
 
 def cmd_sweep(args) -> dict:
     """The speed-quality frontier (csd_kernels.bench.frontier): every mode, csd over --lambdas x --taus x --couplings,
-    gsd over --gsd-ranks x --gsd-deltas, sjd+maximal with each of --trees, the chain again at each of --windows."""
+    gsd over --gsd-ranks x --gsd-deltas, the other rules over their --grid, sjd+maximal with each of --trees, the
+    chain again at each of --windows."""
     from ..bench import frontier
 
     prompts = _sweep_prompts(args)
-    lambdas, taus, couplings, gsd, windows = sweep_lists(args)  # (checked before torch: parser.check_flags)
-    grid = frontier.settings(lambdas, taus, couplings, _trees(args.trees), gsd=gsd, windows=windows)
+    lambdas, taus, couplings, gsd, windows, grid_values = sweep_lists(args)  # (checked before torch: check_flags)
+    grid = frontier.settings(lambdas, taus, couplings, _trees(args.trees), gsd=gsd, windows=windows,
+                             rules=frontier.rule_grids(grid_values))
     check_out(os.path.dirname(args.out) or ".")
     _load(args)  # a missing or foreign checkpoint is one line, before any work
     with if_stopped(f"nothing was written to {os.path.dirname(args.out) or '.'}"):

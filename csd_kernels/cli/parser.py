@@ -12,7 +12,9 @@ import argparse
 import re
 
 from .. import __version__
+from ..config.acceptance import GRID_RULES, rule_named
 from ..config.generation import DEFAULT_COUPLING, MODES, RULES, GenerationConfig, check, check_generate
+from ..config.modes import TREE_MODES
 from ..constants import BACKENDS, COUPLINGS
 from ..fileio.inputs import quote
 from ..models import registry
@@ -115,14 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING}; other modes: independent)")
     gen.add_argument("--seed", type=int, default=0, help=_help("seed", "seed of image 0 (image b: seed + b)", 0))
     gen.add_argument("--tree", type=_tree_flag, metavar="K,D",
-                     help="a lossless draft tree in every window (docs/trees.md): K candidates per position at the "
-                          "first D positions, e.g. 3,2; K, D >= 1, (K^D - 1)/(K - 1) < the window; --mode sjd or "
-                          "csd, --coupling maximal (default: none, a chain)")
+                     help="a draft tree in every window (docs/trees.md; lossless with sjd): K candidates per position "
+                          "at the first D positions, e.g. 3,2; K, D >= 1, (K^D - 1)/(K - 1) < the window; --mode "
+                          f"{' or '.join(TREE_MODES)}, --coupling maximal (default: none, a chain)")
     gen.add_argument("--out", default="out", help="output folder: csd generate replaces the images of its earlier "
                                                   "runs there and refuses a folder with other files (default: out)")
     gen.set_defaults(handler="cmd_generate")
 
-    cmp = commands.add_parser("compare", help="ar, sjd, gsd and csd on the same prompts and seeds: speed and quality")
+    cmp = commands.add_parser("compare", help="ar, sjd and each relaxed rule's mode on the same prompts and seeds: "
+                                                 "speed and quality")
     _add_sampling(cmp, num=64)
     cmp.add_argument("--seeds", type=int, default=3, help=_help("seeds", "repeats with different seeds, for the "
                                                                          "spread", 3))
@@ -153,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--gsd-deltas", dest="gsd_deltas",
                        help="gsd group_delta values, each >= 0 (default: none; with --gsd-ranks alone: "
                             f"{GenerationConfig().group_delta})")
+    sweep.add_argument("--grid", action="append", metavar="PARAM=V1,V2,...",
+                       help="another rule over values of its parameter (repeatable), e.g. lantern_delta=0.05,0.1,0.2, "
+                            "lantern_lambda=2,5,10, arsample_scale=4.5,9,18, arsample_offset=0.05,0.2: each rule "
+                            "with a swept parameter over their product (default: none)")
     sweep.add_argument("--seeds", type=int, default=3, help=_help("seeds", "seeds 0..N-1", 3))
     sweep.add_argument("--lambdas", default="0,0.05,0.1,0.25,0.5,1",
                        help="csd entropy_coef values, each >= 0 (default: 0,0.05,0.1,0.25,0.5,1)")
@@ -190,8 +197,8 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coupling", choices=sorted(COUPLINGS),
                         help=f"next drafts of sjd/csd (default: {DEFAULT_COUPLING})")
     parser.add_argument("--tree", type=_tree_flag, metavar="K,D",
-                        help="a draft tree for the run's sjd and csd items (docs/trees.md), e.g. 3,2; --modes must "
-                             "hold sjd or csd (default: none, a chain)")
+                        help=f"a draft tree for the run's {', '.join(TREE_MODES)} items (docs/trees.md), e.g. 3,2; "
+                             f"--modes must hold {' or '.join(TREE_MODES)} (default: none, a chain)")
     add_generation_options(parser)
     parser.add_argument("--num-threads", dest="num_threads", type=int,
                         help=_help("num_threads", "torch threads per process", "CPU cores / processes on this node"))
@@ -225,7 +232,7 @@ def check_flags(args: argparse.Namespace) -> None:
 def sweep_lists(args: argparse.Namespace) -> tuple:
     """csd sweep's lists, each value checked by the rule of the setting it sets (errors name the flag): (λs, τs,
     couplings, gsd (k, δ) pairs: --gsd-ranks x --gsd-deltas, one of them alone with generate()'s default for the
-    other, windows)."""
+    other, windows, {param: values} of --grid)."""
     couplings = tuple(args.couplings.split(","))
     with as_flags(coupling="--couplings"):
         for coupling in couplings:
@@ -239,7 +246,21 @@ def sweep_lists(args: argparse.Namespace) -> tuple:
         gsd = tuple((k, delta) for k in ranks for delta in deltas)
     windows = _numbers(args.windows, "--windows", "window", int) if args.windows else ()
     return (_numbers(args.lambdas, "--lambdas", "entropy_coef"), _numbers(args.taus, "--taus", "tvd_threshold"),
-            couplings, gsd, windows)
+            couplings, gsd, windows, _grid_values(args.grid))
+
+
+def _grid_values(items) -> dict:
+    """--grid PARAM=V1,V2 (repeatable) -> {param: values}: the parameters of the rules swept by --grid
+    (config/acceptance.GRID_RULES), each value checked by its parameter's rule."""
+    swept = {p.name: p for rule in GRID_RULES for p in rule_named(rule).params}
+    values = {}
+    for item in items or ():
+        name, _, text = item.partition("=")
+        if name not in swept or not text:
+            raise UsageError(f"--grid {quote(item)}: expected PARAM=V1,V2,... with PARAM one of {', '.join(swept)} "
+                             "(csd: --lambdas/--taus, gsd: --gsd-ranks/--gsd-deltas)")
+        values[name] = _numbers(text, f"--grid {name}", name, int if swept[name].check.kind == "int" else float)
+    return values
 
 
 def _numbers(text: str, flag: str, setting: str, kind=float) -> tuple:

@@ -15,21 +15,15 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
-from ..constants import (
-    BACKENDS,
-    COUPLINGS,
-    DEFAULT_ENTROPY_COEF,
-    DEFAULT_GROUP_DELTA,
-    DEFAULT_GROUP_RANK,
-    DEFAULT_TVD_THRESHOLD,
-    SEED_LIMIT,
-)
+from ..constants import BACKENDS, COUPLINGS, SEED_LIMIT
+from .acceptance import PARAMS
+from .acceptance import RULES as ACCEPTANCE_RULES
+from .modes import COUPLED_MODES, MODE_TABLE, MODES
 from .rules import ArgumentError, Rule, bool_rule, choice_rule, int_rule, real_rule
 
 __all__ = ["GenerationConfig", "RULES", "MODES", "DRAFT_INITS", "DEFAULT_COUPLING", "MAX_IMAGES", "MAX_SEED", "FLAGS",
            "check", "check_settings", "check_generate", "run_label"]
 
-MODES = ("ar", "jd", "sjd", "gsd", "csd")
 DRAFT_INITS = ("uniform", "above")
 DEFAULT_COUPLING = "maximal"  # lossless-tested like the others, and the fewest passes (docs/decoding.md)
 MAX_IMAGES = 1024  # images the command line generates in one generate() call (--num, --batch-size)
@@ -55,6 +49,18 @@ def _setting(default, rule: Optional[Rule], text: str, *, source: str = "", flag
                                                 shown=shown))
 
 
+def _rule_param(name: str):
+    """A field for the acceptance rules' parameter ``name`` (config/acceptance.py): its check, help and source; its
+    default the rule's (None where rules differ: each takes its own, e.g. lantern_k)."""
+    param = PARAMS[name]
+    defaults = {r.name: r.param(name).default for r in ACCEPTANCE_RULES if name in r.param_names()}
+    if len(set(defaults.values())) == 1:
+        return _setting(param.default, param.check, param.help, source=param.source)
+    shown = ", ".join(f"{value} for {rule}" for rule, value in defaults.items())
+    return _setting(None, dataclasses.replace(param.check, optional=True), param.help, source=param.source,
+                    shown=shown)
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """The settings of :func:`csd_kernels.generate` (see its docstring and docs/decoding.md); every value is checked
@@ -76,27 +82,16 @@ class GenerationConfig:
                                       "probability", shown="off")
     min_p: Optional[float] = _setting(None, real_rule(0, 1, optional=True), "keep tokens with p >= min_p * max p",
                                       shown="off")
-    entropy_coef: float = _setting(DEFAULT_ENTROPY_COEF, real_rule(0), "CSD λ: acceptance bonus per nat of entropy",
-                                   source="the CSD reference code (constants.DEFAULT_ENTROPY_COEF)")
-    tvd_threshold: float = _setting(DEFAULT_TVD_THRESHOLD, real_rule(0, 1),
-                                    "CSD τ: the bonus applies where TVD(p, q) < τ",
-                                    source="the CSD reference code (constants.DEFAULT_TVD_THRESHOLD)")
     draft_init: str = _setting("uniform", choice_rule(DRAFT_INITS), "fresh drafts: uniform, or the token above",
                                source="the CSD reference code (uniform drafts)")
     coupling: Optional[str] = _setting(None, choice_rule(COUPLINGS, optional=True),
-                                       "how sjd and csd draw the next drafts (other modes: independent)", flag="own",
-                                       shown=f"{DEFAULT_COUPLING} for sjd and csd")
+                                       f"how {', '.join(COUPLED_MODES)} draw the next drafts (other modes: "
+                                       "independent)", flag="own", shown=f"{DEFAULT_COUPLING} for those modes")
     seed: Union[int, Sequence[int]] = _setting(0, None, "seed of row 0 (row b: seed + b), or one per row (a sequence "
                                                "or an integer tensor)", flag="own", recorded=False)
     progress: bool = _setting(False, bool_rule(), "a progress bar", flag=None, recorded=False)
     backend: Optional[str] = _setting(None, choice_rule(BACKENDS, optional=True),
                                       "verify backend; it must run on the device", shown="the best available")
-    group_rank: int = _setting(DEFAULT_GROUP_RANK, int_rule(1), "GSD k: the draft's group is the tokens within ±k "
-                               "ranks of it in p", source="the CSD repository's GSD (constants.DEFAULT_GROUP_RANK)",
-                               flag=None)
-    group_delta: float = _setting(DEFAULT_GROUP_DELTA, real_rule(0), "GSD δ: ... whose probability is within δ of "
-                                  "the draft's", source="the CSD repository's GSD (constants.DEFAULT_GROUP_DELTA)",
-                                  flag=None)
     sync_timings: bool = _setting(False, bool_rule(), "on CUDA, synchronise around the timed phases", flag=None,
                                   recorded=False)
     max_lead: Optional[int] = _setting(None, int_rule(0, optional=True), "rows more than this many committed tokens "
@@ -110,6 +105,18 @@ class GenerationConfig:
                              flag=None)
     tree: Optional[tuple] = _setting(None, None, "a draft tree (K, D) in every window (docs/trees.md)", flag="own",
                                      shown="none, a chain")
+    gather_distortion: bool = _setting(False, bool_rule(), "the distortion map of lantern and lantern++ too (k "
+                                       "gathers per token; NaN without)", flag=None)
+    # the acceptance rules' parameters, one field each (config/acceptance.py; tests/test_rules.py holds them to it)
+    entropy_coef: float = _rule_param("entropy_coef")
+    tvd_threshold: float = _rule_param("tvd_threshold")
+    group_rank: int = _rule_param("group_rank")
+    group_delta: float = _rule_param("group_delta")
+    arsample_scale: float = _rule_param("arsample_scale")
+    arsample_offset: float = _rule_param("arsample_offset")
+    lantern_delta: float = _rule_param("lantern_delta")
+    lantern_lambda: float = _rule_param("lantern_lambda")
+    lantern_k: Optional[int] = _rule_param("lantern_k")
 
     def __post_init__(self):
         if self.coupling == "none":
@@ -191,19 +198,21 @@ def check_settings(**values) -> dict:
 
 
 def run_label(mode: str, coupling: Optional[str] = None) -> str:
-    """How tables, plots and progress bars name a run: the mode, and for sjd and csd the coupling of their next
-    drafts (None: DEFAULT_COUPLING, what generate() uses), e.g. "ar", "sjd+independent", "csd+maximal"."""
-    return f"{mode}+{coupling or DEFAULT_COUPLING}" if mode in ("sjd", "csd") else mode
+    """How tables, plots and progress bars name a run: the mode, and for the modes that take a coupling
+    (modes.MODE_TABLE) the coupling of their next drafts (None: DEFAULT_COUPLING, what generate() uses), e.g. "ar",
+    "sjd+independent", "csd+maximal", "lantern+maximal"."""
+    return f"{mode}+{coupling or DEFAULT_COUPLING}" if MODE_TABLE[mode].coupling else mode
 
 
 def check_generate(mode: str, coupling: Optional[str] = None, **settings) -> Optional[str]:
     """generate()'s settings (any of RULES' GenerationConfig fields), checked together; returns the coupling the
-    verification uses (``None``: sjd and csd take DEFAULT_COUPLING, the other modes draw next drafts
-    independently)."""
+    verification uses (``None``: the modes that take a coupling, modes.MODE_TABLE, take DEFAULT_COUPLING; the
+    others draw next drafts independently)."""
     config = GenerationConfig(mode=mode, coupling=coupling, **settings)
-    if mode in ("sjd", "csd"):
+    if MODE_TABLE[mode].coupling:
         return config.coupling
     if config.coupling not in (None, "independent"):
-        raise ArgumentError("coupling", config.coupling, f"None or independent with mode {mode} (only sjd and csd "
+        coupled = ", ".join(name for name, m in MODE_TABLE.items() if m.coupling)
+        raise ArgumentError("coupling", config.coupling, f"None or independent with mode {mode} (only {coupled} "
                                                          "couple their next drafts)")
     return "independent"

@@ -1,9 +1,10 @@
 """Speculative Jacobi decoding of AR image generators: ``generate(model, input_ids, mode=...)``, the entry point.
 
 Each iteration drafts a window of W grid tokens per row, runs the model once on the last committed token and the
-drafts, verifies the window (by mode: ar, jd, sjd, gsd, csd), commits the accepted prefix plus the resampled token and
-keeps the rest as the next drafts (their q = this iteration's p). Rows keep their own windows and random streams
-(keyed by seed, grid position and the row's own attempt count), so a batched row equals the row alone. The iteration
+drafts, verifies the window (by mode: ar, jd, or one speculative mode per acceptance rule, config/modes.py), commits
+the accepted prefix plus the resampled token and keeps the rest as the next drafts (their q = this iteration's p).
+Rows keep their own windows and random streams (keyed by seed, grid position and the row's own attempt count), so a
+batched row equals the row alone. The iteration
 is written once (step.py); generate() checks the arguments, prefills and runs one of three schedules over it: the
 eager loop (eager.py: one host sync per iteration, rows more than ``max_lead`` tokens ahead of the slowest sit an
 iteration out), the static loop (static.py, ``static=True``: fixed shapes, no host sync inside, docs/fast-path.md)
@@ -23,10 +24,13 @@ import numpy as np
 import torch
 
 from .. import reference as ref
+from ..config.acceptance import rule_named
 from ..config.generation import DEFAULT_COUPLING, DRAFT_INITS, MODES, GenerationConfig, check_generate, run_label
+from ..config.modes import MODE_TABLE
 from ..constants import COUPLINGS
 from ..models import get_adapter
 from ..models.protocol import is_static_adapter, is_tree_adapter
+from ..ops.neighbours import model_neighbours
 from ..ops.verify_tree import device_layout
 from .eager import run_eager
 from .state import EagerState, StaticState
@@ -53,6 +57,7 @@ class GenerateOutput:
     tvd_map: torch.Tensor  # [B, H, W] TVD(p, q) of the committing step (NaN where there was no draft)
     timings: dict = field(default_factory=dict)  # seconds: model, verify, decode, rest, total
     sequences: Optional[torch.Tensor] = None  # [B, T] the image part in the model's own vocabulary and layout
+    mode: Optional[str] = None  # the decoding mode that made it
 
     def passes_per_row(self) -> np.ndarray:
         """[B] forward passes each row needed: the passes in which it still committed tokens (every row has its own
@@ -60,8 +65,12 @@ class GenerateOutput:
         return (np.asarray(self.accepted) > 0).sum(0)
 
     def distortion_per_row(self) -> np.ndarray:
-        """[B] mean distortion per token of each row (jd's unknown distortion, NaN in the map, counts as 0)."""
-        return torch.nan_to_num(self.distortion_map, nan=0.0).float().mean((1, 2)).cpu().numpy()
+        """[B] mean distortion per token of each row. jd's map is NaN (untracked) and counts as 0: every token it
+        commits is a fresh sample. A lantern mode's map without gather_distortion is NaN, and so is its mean."""
+        dist = self.distortion_map
+        if self.mode is None or MODE_TABLE[self.mode].rule is None:
+            dist = torch.nan_to_num(dist, nan=0.0)
+        return dist.float().mean((1, 2)).cpu().numpy()
 
     def pil_images(self) -> list:
         """The images as a list of B PIL images (needs Pillow); ValueError when the model has no pixel decoder."""
@@ -117,12 +126,10 @@ def generate(
     check_prompt_ids(input_ids, getattr(adapter, "prompt_vocab_size", None))
     total = adapter.grid[0] * adapter.grid[1]
     mode = cfg.mode
-    window = 1 if mode == "ar" else (cfg.window if tree else min(cfg.window, total))  # a tree may run past the grid
-    need_q = cfg.temperature > 0 and mode in ("sjd", "csd", "gsd")
-    run = Settings(mode, window, total, adapter.grid[1], adapter.vocab_size, cfg.cfg_scale, cfg.temperature,
-                   cfg.top_k, cfg.entropy_coef, cfg.tvd_threshold, cfg.draft_init, coupling, cfg.backend,
-                   cfg.group_rank, cfg.group_delta, seeds.to(device), need_q, top_p=cfg.top_p, min_p=cfg.min_p,
-                   tree=tree)
+    # ar verifies one sampled token a pass; a tree may run past the grid
+    window = cfg.window if tree else min(cfg.window, total) if MODE_TABLE[mode].window else 1
+    run = Settings.of(cfg, window=window, total=total, width=adapter.grid[1], vocab=adapter.vocab_size,
+                      coupling=coupling, seeds=seeds.to(device), tree=tree, neighbours=_neighbours(adapter, cfg))
     lead = DEFAULT_MAX_LEAD_FACTOR * window if cfg.max_lead is None else cfg.max_lead
     clock = Clock(device, cfg.sync_timings)
     if static:
@@ -144,7 +151,22 @@ def generate(
         bar.close()
     with clock.phase("decode"):
         images = adapter.decode(tokens)
-    return _output(tokens, maps, accepted, adapter, images, prefill_passes, clock, batch)
+    return _output(tokens, maps, accepted, adapter, images, prefill_passes, clock, batch, mode)
+
+
+def _neighbours(adapter, cfg: GenerationConfig) -> Optional[torch.Tensor]:
+    """The codebook's neighbour table [V, k] the mode's rule needs (lantern, lantern++), else None: k = lantern_k
+    (None: the rule's default, V − 1 if smaller), from the adapter's ``codebook()`` (made once per codebook and k)."""
+    rule = MODE_TABLE[cfg.mode].rule
+    if rule is None or not rule_named(rule).needs_neighbours:
+        return None
+    k = cfg.lantern_k if cfg.lantern_k is not None else rule_named(rule).param("lantern_k").default
+    codebook = getattr(adapter, "codebook", None)
+    table = model_neighbours(codebook() if callable(codebook) else None, k, adapter.vocab_size)
+    if table is None:
+        raise ValueError(f"mode={cfg.mode!r} needs the model's codebook (its tokens' latent vectors) for the "
+                         f"neighbour table; {type(adapter).__name__} has no codebook()")
+    return table
 
 
 def _config(config: Optional[GenerationConfig], overrides: dict) -> GenerationConfig:
@@ -185,12 +207,12 @@ def _check_static(adapter, static: bool, cuda_graph: Optional[bool], compile: bo
 
 
 def _output(tokens, maps, accepted: list, adapter, images, prefill_passes: int, clock: "Clock",
-            batch: int) -> GenerateOutput:
+            batch: int, mode: str) -> GenerateOutput:
     grid = (batch, *adapter.grid)
     return GenerateOutput(
         tokens=tokens, images=images, forward_passes=len(accepted), prefill_passes=prefill_passes, accepted=accepted,
         entropy_map=maps[0].reshape(grid), accept_map=maps[1].reshape(grid), distortion_map=maps[2].reshape(grid),
-        tvd_map=maps[3].reshape(grid), timings=clock.summary(), sequences=adapter.image_sequence(tokens),
+        tvd_map=maps[3].reshape(grid), timings=clock.summary(), sequences=adapter.image_sequence(tokens), mode=mode,
     )
 
 

@@ -5,7 +5,7 @@ tree, tree.py):
     drafted      = draft(state, win, run)                          a token for every slot
     q            = draft_probs(win, drafted, run, stored)          the drafts' q
     cond, uncond = forward(call, state.seq, win, drafts)           one target-model call
-    verified     = verify(cond, uncond, q, run, state, win, drafted)   by mode (:data:`VERIFY`)
+    verified     = verify(cond, uncond, q, run, state, win, drafted)   by the mode's rule (config/modes.py)
     committed    = commit(state, win, drafted, verified)           on the device, in place; [B] tokens committed
 
 The loops differ in where a row's slots sit and when the host looks: the eager loop gives every row the grid positions
@@ -24,39 +24,55 @@ from typing import Callable, Optional
 import torch
 
 from .. import reference as ref
+from ..config.acceptance import PARAMS
+from ..config.generation import GenerationConfig
+from ..config.modes import MODE_TABLE, Mode
 from ..ops.drafts import random_draft_tokens
 from ..ops.verify import verify as verify_op
-from ..reference.gsd import grouped_verify
 from .state import State
 
-__all__ = ["Settings", "Window", "Drafted", "Verified", "window", "draft", "uniform_probs", "draft_probs", "forward",
-           "verify", "VERIFY", "check_status", "commit", "sampling_kwargs"]
+__all__ = ["SAMPLING", "Settings", "Window", "Drafted", "Verified", "window", "draft", "uniform_probs", "draft_probs",
+           "forward", "verify", "check_status", "commit", "sampling_kwargs"]
+
+
+SAMPLING = ("cfg_scale", "temperature", "top_k", "top_p", "min_p")  # the target distribution's settings
 
 
 @dataclass(frozen=True)
 class Settings:
-    """What generate() was asked, resolved (every field as the steps use it)."""
+    """What generate() was asked, resolved (every field as the steps use it); built by keyword from the
+    GenerationConfig by :meth:`of`."""
 
     mode: str
     window: int
     total: int  # H·W grid tokens
     width: int  # W
     vocab: int
-    cfg_scale: float
-    temperature: float
-    top_k: Optional[int]
-    entropy_coef: float
-    tvd_threshold: float
     draft_init: str
     coupling: str  # reference.COUPLINGS
     backend: Optional[str]
-    group_rank: int
-    group_delta: float
     seeds: torch.Tensor  # [B] per-row seeds
     need_q: bool  # drafts carry their q (sampling modes with T > 0)
-    top_p: Optional[float] = None
-    min_p: Optional[float] = None
-    tree: Optional[tuple] = None  # (K, D): a draft tree in the window (static loop, sjd or csd; decoding/tree.py)
+    sampling: dict  # the target distribution: SAMPLING's keywords of verify / verify_tree
+    rule: dict  # the verification: rule=, its parameters, neighbours=, gather_distortion= (verify's keywords)
+    tree: Optional[tuple] = None  # (K, D): a draft tree in the window (static loop; decoding/tree.py)
+
+    @classmethod
+    def of(cls, config: GenerationConfig, *, window: int, total: int, width: int, vocab: int, coupling: str,
+           seeds: torch.Tensor, tree: Optional[tuple] = None,
+           neighbours: Optional[torch.Tensor] = None) -> "Settings":
+        mode = MODE_TABLE[config.mode]
+        rule = dict(rule=mode.rule or "strict", neighbours=neighbours, gather_distortion=config.gather_distortion,
+                    **config.as_dict(tuple(PARAMS)))
+        return cls(mode=config.mode, window=window, total=total, width=width, vocab=vocab,
+                   draft_init=config.draft_init, coupling=coupling, backend=config.backend, seeds=seeds,
+                   need_q=config.temperature > 0 and mode.needs_q, sampling=config.as_dict(SAMPLING), rule=rule,
+                   tree=tree)
+
+    @property
+    def info(self) -> Mode:
+        """The mode's facts (config/modes.py)."""
+        return MODE_TABLE[self.mode]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -175,8 +191,7 @@ class Verified:
 
 def sampling_kwargs(run: Settings, uncond: Optional[torch.Tensor], attempts: torch.Tensor) -> dict:
     """The target distribution and the random stream, as verify and verify_tree take them."""
-    return dict(uncond_logits=uncond, cfg_scale=run.cfg_scale, temperature=run.temperature, top_k=run.top_k,
-                top_p=run.top_p, min_p=run.min_p, seed=run.seeds, offset=attempts)
+    return dict(uncond_logits=uncond, **run.sampling, seed=run.seeds, offset=attempts)
 
 
 def _window_kwargs(run: Settings, uncond, state: State, win: Window) -> dict:
@@ -184,11 +199,9 @@ def _window_kwargs(run: Settings, uncond, state: State, win: Window) -> dict:
 
 
 def _speculative(cond, uncond, q, run: Settings, state: State, win: Window, drafted: Drafted) -> Verified:
-    """ar, sjd (strict rule), csd (CSD's rule): one verify call."""
-    res = verify_op(cond, drafted.tokens, q, **_window_kwargs(run, uncond, state, win),
-                    rule="csd" if run.mode == "csd" else "strict", entropy_coef=run.entropy_coef,
-                    tvd_threshold=run.tvd_threshold, coupling=run.coupling, return_probs=run.need_q,
-                    backend=run.backend, validate=False)
+    """ar and every speculative mode: one verify call with the mode's acceptance rule (config/modes.py)."""
+    res = verify_op(cond, drafted.tokens, q, **_window_kwargs(run, uncond, state, win), **run.rule,
+                    coupling=run.coupling, return_probs=run.need_q, backend=run.backend, validate=False)
     return Verified.chain(res, res.accept_len, res.accept_prob, res.distortion)
 
 
@@ -203,19 +216,10 @@ def _jacobi(cond, uncond, q, run: Settings, state: State, win: Window, drafted: 
     return Verified.chain(res, accept_len, match.float(), torch.full_like(res.entropy, float("nan")))
 
 
-def _grouped(cond, uncond, q, run: Settings, state: State, win: Window, drafted: Drafted) -> Verified:
-    """gsd: grouped acceptance (torch)."""
-    res = grouped_verify(cond, drafted.tokens, q, **_window_kwargs(run, uncond, state, win),
-                         group_rank=run.group_rank, group_delta=run.group_delta, return_probs=run.need_q)
-    return Verified.chain(res, res.accept_len, res.accept_prob, res.distortion)
-
-
-VERIFY = {"ar": _speculative, "jd": _jacobi, "sjd": _speculative, "gsd": _grouped, "csd": _speculative}
-
-
 def verify(cond, uncond, q, run: Settings, state: State, win: Window, drafted: Drafted) -> Verified:
-    """The window verified by the run's mode: cond, uncond [B, L, V] logits, q [B, L, V] or None."""
-    return VERIFY[run.mode](cond, uncond, q, run, state, win, drafted)
+    """The window verified by the run's mode: cond, uncond [B, L, V] logits, q [B, L, V] or None (jd: the exact
+    match; every other mode its acceptance rule)."""
+    return (_jacobi if run.info.rule is None else _speculative)(cond, uncond, q, run, state, win, drafted)
 
 
 def check_status(status: list, where: str = "") -> None:

@@ -54,8 +54,7 @@ def tree_step(adapter, run: Settings, state: StaticState, layout: ref.TreeLayout
     cond, uncond = forward(lambda inputs: adapter.forward_tree(inputs, n - 1, depth, ancestor), state.seq, win,
                            nodes[:, 1:], float32=True)
     res = verify_tree(cond, nodes, q[:, :levels], layout, **sampling_kwargs(run, uncond, state.attempts),
-                      rule="csd" if run.mode == "csd" else "strict", entropy_coef=run.entropy_coef,
-                      tvd_threshold=run.tvd_threshold, sibling_probs=None, backend=run.backend)
+                      **run.rule, sibling_probs=None, backend=run.backend)
     chain = _chain_drafts(cond, uncond, main, q, run, state)
     adapter.keep_path(n - 1, torch.where(win.active[:, None], res.path, -1))
     state.record(commit(state, win, drafted, _verified(res, chain, drafted, levels)), win.active)

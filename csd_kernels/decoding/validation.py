@@ -17,6 +17,7 @@ import torch
 
 from .. import reference as ref
 from ..config.generation import DRAFT_INITS, MAX_IMAGES, MAX_SEED, MODES, RULES, check, check_generate, check_settings
+from ..config.modes import TREE_MODES  # the modes that take tree=(K, D)
 from ..config.rules import ArgumentError, Rule, Text
 from ..ops.registry import backend_status
 
@@ -24,12 +25,12 @@ __all__ = ["ArgumentError", "Rule", "RULES", "MODES", "DRAFT_INITS", "MAX_IMAGES
            "check_settings", "check_generate", "check_tree", "row_seeds", "check_prompt", "check_prompt_ids",
            "check_device", "check_backend"]
 
-TREE_MODES = ("sjd", "csd")  # the modes that take tree=(K, D)
 
 
 def check_tree(tree, mode: str, window: int, coupling: Optional[str], static: Optional[bool]) -> Optional[tuple]:
     """tree=(K, D) for generate(): None, or K >= 1 and D >= 1 ints whose (K^D − 1)/(K − 1) draft nodes fit in the
-    W − 1 draft slots of the window, with mode sjd or csd (csd relaxes the main draft's test only; docs/trees.md),
+    W − 1 draft slots of the window, with a mode of TREE_MODES (a relaxed rule relaxes the main draft's test only;
+    docs/trees.md),
     the maximal coupling and the static loop (static None or True). Returns (K, D) or None."""
     if tree is None:
         return None
@@ -47,8 +48,8 @@ def check_tree(tree, mode: str, window: int, coupling: Optional[str], static: Op
         raise ArgumentError("tree", tree, f"a tree whose (K^D - 1)/(K - 1) = {nodes} draft nodes fit in the W - 1 = "
                                           f"{window - 1} draft slots of the window ({where})")
     if mode not in TREE_MODES:
-        raise ArgumentError("tree", tree, f"None with mode {mode!r}: draft trees run with mode 'sjd' or 'csd' only "
-                                          f"({where})")
+        raise ArgumentError("tree", tree, f"None with mode {mode!r}: draft trees run with mode "
+                                          f"{', '.join(map(repr, TREE_MODES))} only ({where})")
     if coupling not in (None, "maximal"):
         raise ArgumentError("tree", tree, f"None with coupling {coupling!r}: trees draw the next drafts by the "
                                           f"maximal coupling ({where})")

@@ -34,19 +34,27 @@ def _raise(signum, frame):
 
 
 @contextlib.contextmanager
+def _handled_by(handler):
+    """Inside: SIGINT and SIGTERM reach ``handler``; yields the handlers before (restored on exit), or None in a
+    worker thread, where signals cannot be handled (they reach the main thread's handlers)."""
+    try:
+        before = {signum: signal.signal(signum, handler) for signum in SIGNALS}
+    except ValueError:  # not the main thread
+        yield None
+        return
+    try:
+        yield before
+    finally:
+        for signum, handler_before in before.items():
+            signal.signal(signum, handler_before)
+
+
+@contextlib.contextmanager
 def raise_on_signals():
     """Inside: SIGINT and SIGTERM raise :class:`Interrupted` (in the main thread); the handlers before are restored
     on exit. Elsewhere (a worker thread) it does nothing."""
-    try:
-        before = {signum: signal.signal(signum, _raise) for signum in SIGNALS}
-    except ValueError:  # not the main thread
+    with _handled_by(_raise):
         yield
-        return
-    try:
-        yield
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
@@ -54,17 +62,11 @@ def signals_held():
     """SIGINT and SIGTERM wait until the block is done (a few renames must happen all or none), then reach the
     handler they would have reached. (Held by handlers that note them, not by the signal mask: a process-directed
     signal may land on any thread, e.g. one of torch's, and Python runs the handler in the main thread anyway.)"""
-    pending = []
+    pending, before = [], None
     try:
-        before = {signum: signal.signal(signum, lambda signum, frame: pending.append(signum)) for signum in SIGNALS}
-    except ValueError:  # not the main thread: signals reach the main thread's handlers
-        yield
-        return
-    try:
-        yield
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
+        with _handled_by(lambda signum, frame: pending.append(signum)) as before:
+            yield
+    finally:  # the handlers before are back: a held signal reaches them, whatever the block raised
         for signum in pending[:1]:
             if callable(before[signum]):
                 before[signum](signum, None)

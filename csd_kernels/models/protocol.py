@@ -34,6 +34,10 @@ seeing the committed prefix and its ancestors — and ``keep_path(first [B], pat
 path's keys and values into place (slot first_b + k <- slot first_b + path[b, k]), with ``supports_tree`` True.
 The loop announces the tree before the prefill, ``static_cache(window, tree=layout)`` (a reference.TreeLayout), so
 that an adapter whose tree needs more inputs than W (Lumina-mGPT: a forced row end below some nodes) sizes its cache.
+
+Optional: ``codebook() -> [V, D] tensor or None``, the latent vector of each image token in grid-id order (the VQ
+codebook as the pixel decoder looks it up): the lantern rules' neighbour table is made from it
+(ck.codebook_neighbours); an adapter without one runs every other mode.
 """
 
 from __future__ import annotations

@@ -4,20 +4,21 @@ through the status bits): ValueErrors naming the argument."""
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 
 from .. import reference as ref
+from ..config.acceptance import MAX_PARAMS, PARAMS, param_values, rule_named
 from ..config.rules import real_rule
 
 __all__ = ["FLOAT_DTYPES", "SeedLike", "check_real", "philox_word", "word_tensor", "check_logits", "check_device",
-           "check_nucleus", "check_scalars"]
+           "check_nucleus", "check_scalars", "check_rule", "rule_keywords", "CheckedRule"]
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the logits the ops take
 SeedLike = Union[int, torch.Tensor]
-_RULE_CODE = {name: code for code, name in enumerate(ref.RULES)}
 _COUPLING_CODE = {name: code for code, name in enumerate(ref.COUPLINGS)}
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 def check_real(name: str, value, low: float = -math.inf, high: float = math.inf) -> float:
@@ -83,8 +84,8 @@ def check_nucleus(top_p, min_p) -> tuple[float, float]:
     return (1.0 if top_p is None else top_p), min_p
 
 
-def check_scalars(has_uncond, cfg_scale, temperature, top_k, rule, entropy_coef, tvd_threshold, coupling) -> tuple:
-    """(cfg_scale, temperature, top_k or 0, rule code, entropy_coef, tvd_threshold, coupling code), checked."""
+def check_scalars(has_uncond, cfg_scale, temperature, top_k, coupling) -> tuple:
+    """(cfg_scale, temperature, top_k or 0, coupling code), checked."""
     cfg_scale = check_real("cfg_scale", cfg_scale)
     if not has_uncond and cfg_scale != 1.0:
         raise ValueError(f"cfg_scale={cfg_scale} needs uncond_logits (classifier-free guidance mixes two sets of "
@@ -92,10 +93,62 @@ def check_scalars(has_uncond, cfg_scale, temperature, top_k, rule, entropy_coef,
     temperature = check_real("temperature", temperature, 0.0)
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-    if rule not in _RULE_CODE:
-        raise ValueError(f"rule must be one of {ref.RULES}, got {rule!r}")
-    entropy_coef = check_real("entropy_coef", entropy_coef, 0.0)
-    tvd_threshold = check_real("tvd_threshold", tvd_threshold, 0.0, 1.0)
     if coupling not in _COUPLING_CODE:
         raise ValueError(f"coupling must be one of {ref.COUPLINGS}, got {coupling!r}")
-    return cfg_scale, temperature, top_k or 0, _RULE_CODE[rule], entropy_coef, tvd_threshold, _COUPLING_CODE[coupling]
+    return cfg_scale, temperature, top_k or 0, _COUPLING_CODE[coupling]
+
+
+class CheckedRule(NamedTuple):
+    """A rule as the backends take it: its code, its parameter values as floats (config/acceptance.py's order, padded
+    to MAX_PARAMS) and the neighbour table (int64 [V, k], k its lantern_k) or None."""
+
+    code: int
+    params: list
+    neighbours: Optional[torch.Tensor]
+
+
+def rule_keywords(keywords: dict, op: str) -> dict:
+    """The rule-parameter keywords of an op call, each value checked even where the chosen rule does not read it (a
+    bad value is an error, not silently unused); TypeError naming any other keyword."""
+    unknown = sorted(set(keywords) - set(PARAMS))
+    if unknown:
+        raise TypeError(f"{op}() got unexpected keyword argument(s) {unknown}; the rules' parameters are "
+                        f"{', '.join(PARAMS)}")
+    for name, value in keywords.items():
+        if value is not None:
+            PARAMS[name].check.check(name, value)
+    return keywords
+
+
+def check_rule(rule: str, params: dict, neighbours, vocab: int, device: torch.device) -> CheckedRule:
+    """The rule, its parameters (the table's checks: ArgumentError naming the keyword) and its neighbour table:
+    an integer tensor [V, K] on the device, which lantern and lantern++ need (its first lantern_k columns; lantern_k
+    defaults to the rule's default capped at K) and the other rules ignore. Entries outside [0, V) lend nothing."""
+    spec = rule_named(rule)
+    table = None
+    if spec.needs_neighbours:
+        table = _check_neighbours(rule, neighbours, vocab, device)
+        if params.get("lantern_k") is None:
+            params = dict(params, lantern_k=min(spec.param("lantern_k").default, table.shape[1]))
+    values = param_values(spec, params)
+    if table is not None:
+        k = values[spec.param_names().index("lantern_k")]
+        if k > table.shape[1]:
+            raise ValueError(f"lantern_k={k} exceeds the neighbour table's width {table.shape[1]}")
+        table = table[:, :k]
+    return CheckedRule(spec.code, [float(v) for v in values] + [0.0] * (MAX_PARAMS - len(values)), table)
+
+
+def _check_neighbours(rule: str, neighbours, vocab: int, device: torch.device) -> torch.Tensor:
+    expected = f"an integer tensor [V, k] = [{vocab}, k] (ck.codebook_neighbours(codebook, k))"
+    if neighbours is None:
+        raise ValueError(f"rule={rule!r} needs neighbours=: {expected}")
+    if not isinstance(neighbours, torch.Tensor) or neighbours.dtype not in _INT_DTYPES or neighbours.dim() != 2 \
+            or neighbours.shape[0] != vocab:
+        got = f"{neighbours.dtype} {tuple(neighbours.shape)}" if isinstance(neighbours, torch.Tensor) else \
+            type(neighbours).__name__
+        raise ValueError(f"neighbours must be {expected}, got {got}")
+    check_device("neighbours", neighbours, device)
+    if neighbours.dtype != torch.int64 or neighbours.stride(-1) != 1:
+        neighbours = neighbours.to(torch.int64).contiguous()
+    return neighbours

@@ -14,19 +14,23 @@ import torch
 
 from .. import reference as ref
 from ..backends.compiled import compiled_extension, verify_rows
-from ..constants import DEFAULT_ENTROPY_COEF, DEFAULT_TVD_THRESHOLD, SEED_LIMIT
+from ..backends.spec import VERIFY_ARGS, VERIFY_RETURNS, Arg, VerifyArgs, schema
+from ..config.acceptance import params_by_name, rule_named
+from ..constants import SEED_LIMIT
 from .checks import (
     SeedLike,
     check_device,
     check_logits,
     check_nucleus,
+    check_rule,
     check_scalars,
     philox_word,
+    rule_keywords,
     word_tensor,
 )
 from .registry import select_backend
 
-__all__ = ["VerifyResult", "verify"]
+__all__ = ["VerifyResult", "VerifyArgs", "verify"]
 
 VerifyResult = ref.VerifyResult
 
@@ -34,65 +38,43 @@ _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Backends behind one op
+# Backends behind one op: each takes one backends.spec.VerifyArgs
 # ----------------------------------------------------------------------------------------------------------------------
-def _torch_backend(logits, draft_tokens, draft_probs, uncond, cfg_scale, temperature, top_k, rule, entropy_coef,
-                   tvd_threshold, start, coupling, positions, seed, offset, return_probs, top_p=1.0, min_p=0.0,
-                   target_is_probs=False):
+def _torch_backend(a: VerifyArgs) -> tuple:
+    probs_in = a.target_is_probs
     out = ref.verify(
-        None if target_is_probs else logits, draft_tokens, draft_probs,
-        target_probs=logits if target_is_probs else None,
-        uncond_logits=uncond, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None,
-        top_p=top_p if top_p < 1.0 else None, min_p=min_p or None, rule=ref.RULES[rule], entropy_coef=entropy_coef,
-        tvd_threshold=tvd_threshold, start=start, coupling=ref.COUPLINGS[coupling], positions=positions, seed=seed,
-        offset=offset, return_probs=return_probs,
+        None if probs_in else a.target_logits, a.draft_tokens, a.draft_probs,
+        target_probs=a.target_logits if probs_in else None, uncond_logits=a.uncond_logits, cfg_scale=a.cfg_scale,
+        temperature=a.temperature, top_k=a.top_k or None, top_p=a.top_p if a.top_p < 1.0 else None,
+        min_p=a.min_p or None, rule=ref.RULES[a.rule], neighbours=a.neighbours, gather_distortion=a.gather_distortion,
+        start=a.start, coupling=ref.COUPLINGS[a.coupling], positions=a.positions, seed=a.seed, offset=a.offset,
+        return_probs=a.return_probs, **params_by_name(a.rule, a.rule_params),
     )
-    probs = out.probs if return_probs else logits.new_empty((0,), dtype=torch.float32)
+    probs = out.probs if a.return_probs else a.target_logits.new_empty((0,), dtype=torch.float32)
     return out.accept_len, out.tokens, probs, out.entropy, out.tvd, out.accept_prob, out.distortion, out.status
 
 
-def _triton_backend(*args, packed_outputs=False):
+def _triton_backend(a: VerifyArgs, packed_outputs=False):
     global _verify_triton
     if _verify_triton is None:  # imported on first use (triton is optional), then kept: an import costs every call
         from ..backends.triton.verify import verify_triton as _verify_triton
-    return _verify_triton(*args, packed_outputs=packed_outputs)
+    return _verify_triton(a, packed_outputs=packed_outputs)
 
 
 _verify_triton = None
 
 
 _BACKEND_FUNCTIONS = {"torch": _torch_backend, "triton": _triton_backend, "cpu": verify_rows, "cuda": verify_rows}
+_RETURN_PROBS = VerifyArgs._fields.index("return_probs")
+
+# csd_kernels::verify: one custom op over the spec (+ the backend's name), so torch.compile(fullgraph=True) traces it
+torch.library.define("csd_kernels::verify", schema(VERIFY_ARGS, VERIFY_RETURNS, extra=(Arg("backend", "str"),)))
 
 
-@torch.library.custom_op("csd_kernels::verify", mutates_args=())
-def _verify_op(
-    target_logits: torch.Tensor,
-    draft_tokens: torch.Tensor,
-    draft_probs: Optional[torch.Tensor],
-    uncond_logits: Optional[torch.Tensor],
-    cfg_scale: float,
-    temperature: float,
-    top_k: int,
-    rule: int,
-    entropy_coef: float,
-    tvd_threshold: float,
-    start: torch.Tensor,
-    coupling: int,
-    positions: torch.Tensor,
-    seed: torch.Tensor,
-    offset: torch.Tensor,
-    return_probs: bool,
-    top_p: float,
-    min_p: float,
-    target_is_probs: bool,
-    backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,  # the 8 fields of VerifyResult, in order
-           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    outputs = _BACKEND_FUNCTIONS[backend](
-        target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule, entropy_coef,
-        tvd_threshold, start, coupling, positions, seed, offset, return_probs, top_p, min_p, target_is_probs,
-    )
-    return tuple(outputs)
+@torch.library.impl("csd_kernels::verify", "default")
+def _verify_op(*args) -> tuple:
+    *fields, backend = args
+    return tuple(_BACKEND_FUNCTIONS[backend](VerifyArgs(*fields)))
 
 
 def _fake_outputs(target_logits: torch.Tensor, return_probs: bool):
@@ -107,19 +89,22 @@ def _fake_outputs(target_logits: torch.Tensor, return_probs: bool):
     )
 
 
-@_verify_op.register_fake
-def _(target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule, entropy_coef,
-      tvd_threshold, start, coupling, positions, seed, offset, return_probs, top_p, min_p, target_is_probs, backend):
-    return _fake_outputs(target_logits, return_probs)
+def fake_backend(a: VerifyArgs) -> tuple:
+    """A backend function that runs no kernel: uninitialised outputs of the right shapes and dtypes (the meta
+    device's stand-in in tests and host-time benchmarks)."""
+    return _fake_outputs(a.target_logits, a.return_probs)
+
+
+@torch.library.register_fake("csd_kernels::verify")
+def _(*args):
+    return _fake_outputs(args[0], args[_RETURN_PROBS])
 
 
 if compiled_extension() is not None:
 
     @torch.library.register_fake("csd_kernels::verify_rows")
-    def _(target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule, entropy_coef,
-          tvd_threshold, start, coupling, positions, seed, offset, return_probs, top_p=1.0, min_p=0.0,
-          target_is_probs=False):  # the schema's defaults: the dispatcher may drop arguments equal to them
-        return _fake_outputs(target_logits, return_probs)
+    def _(*args):
+        return _fake_outputs(args[0], args[_RETURN_PROBS])
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -185,8 +170,8 @@ def verify(
     top_p: Optional[float] = None,
     min_p: Optional[float] = None,
     rule: str = "csd",
-    entropy_coef: float = DEFAULT_ENTROPY_COEF,
-    tvd_threshold: float = DEFAULT_TVD_THRESHOLD,
+    neighbours: Optional[torch.Tensor] = None,
+    gather_distortion: bool = False,
     start: Optional[Union[int, torch.Tensor]] = None,
     coupling: str = "independent",
     positions: Optional[Union[int, torch.Tensor]] = None,
@@ -195,14 +180,22 @@ def verify(
     return_probs: bool = True,
     backend: Optional[str] = None,
     validate: bool = True,
-    **deprecated,
+    **rule_params,
 ) -> VerifyResult:
     """Verify a window of draft tokens against the target model's logits, in one pass over the vocabulary.
 
     The maths is defined once in :mod:`csd_kernels.reference`; see its docstring and docs/op.md.
-    rule: "csd" (CSD's relaxed acceptance where TVD(p, q) < tvd_threshold) or "strict" (lossless speculative test).
+    rule: the acceptance rule, one of reference.RULES (config/acceptance.py, reference/rules.py): "strict" (the
+    lossless speculative test), "csd" (CSD's relaxed acceptance where TVD(p, q) < tvd_threshold), "gsd" (grouped),
+    "arsample" (entropy-scaled), "lantern" / "lantern++" (a draft's latent neighbours lend it their probability;
+    they take ``neighbours``, the codebook's neighbour table, ck.codebook_neighbours). Its parameters are keywords
+    (``entropy_coef=``, ``tvd_threshold=``, ``group_rank=``, ``group_delta=``, ``arsample_scale=``,
+    ``arsample_offset=``, ``lantern_delta=``, ``lantern_lambda=``, ``lantern_k=``; the table's defaults; those of
+    other rules are checked, not used). distortion: exact for every rule; lantern's and lantern++'s costs k gathers
+    per token (V·k per position), so it is NaN unless ``gather_distortion=True``.
     coupling: how the positions after accept_len get their next draft: "independent" (a fresh draw from p),
-    "maximal" (the draft kept with probability min(1, p/q), else the residual draw) or "gumbel" (argmax z + G).
+    "maximal" (the draft kept with probability min(1, p/q), else the residual draw; not with gsd, whose residual is
+    not the strict one) or "gumbel" (argmax z + G).
     (``mode=`` and ``next_drafts=`` are deprecated names of ``rule=`` and ``coupling=``.)
     A −inf logit (in target_logits or uncond_logits) masks its token: p = 0 there, and a masked draft is rejected.
     top_k / top_p / min_p restrict p (in that order; ties at a threshold are kept), see docs/op-semantics.md.
@@ -214,7 +207,8 @@ def verify(
     Shape: target_logits [B, L, V] (float32/bfloat16/float16, any strides on B and L) or target_probs [B, L, V]
     float32, draft_tokens [B, L] int32 or int64
     (-1 = no draft), draft_probs [B, L, V] float32 or None (one-hot drafts; strides may be 0 for a uniform q),
-    uncond_logits like target_logits, start and positions [B] int (or an int for all rows),
+    uncond_logits like target_logits, neighbours [V, K] integer (entries outside [0, V) lend nothing), start and
+    positions [B] int (or an int for all rows),
     seed an int in [0, 2^63) or an int64 tensor of 1 or B elements (B: one seed per row), offset an int in [0, 2^63)
     or an int64 tensor of 1 or B elements (B: one step-stream offset per row, row b uses offset[b]; values must lie
     in [0, 2^63)) (tensors keep the op CUDA-graph safe).
@@ -223,7 +217,7 @@ def verify(
     lands in ``accept_len_host``) and raises ValueError naming the argument; with ``validate=False`` the op never
     syncs and bad rows are only reported in ``status`` (their tokens are still in range).
     """
-    rule, coupling = _renamed(deprecated, rule, coupling)
+    rule, coupling, rule_params = _renamed(rule_params, rule, coupling)
     target_is_probs = target_probs is not None
     target_logits = _one_target(target_logits, target_probs, uncond_logits, cfg_scale, temperature, top_k, top_p,
                                 min_p)
@@ -231,23 +225,29 @@ def verify(
                                                                              uncond_logits, target_is_probs)
     batch, length, vocab = target_logits.shape
     device = target_logits.device
-    scalars = check_scalars(uncond_logits is not None, cfg_scale, temperature, top_k, rule, entropy_coef,
-                             tvd_threshold, coupling)
+    cfg_scale, temperature, top_k, coupling_code = check_scalars(uncond_logits is not None, cfg_scale, temperature,
+                                                                 top_k, coupling)
+    checked = check_rule(rule, rule_keywords(rule_params, "verify"), neighbours, vocab, device)
+    if coupling == "maximal" and rule_named(rule).residual_qa:
+        raise ValueError(f"coupling='maximal' redraws from the strict residual max(p - q, 0); rule={rule!r} resamples "
+                         "from max(p - q·a, 0): use coupling 'independent' or 'gumbel'")
     top_p, min_p = check_nucleus(top_p, min_p)
     start = _index_tensor("start", start, batch, device, high=length)
     positions = _index_tensor("positions", positions, batch, device)
     seed = philox_word("seed", seed, device, allow_per_row=batch, limit=SEED_LIMIT)
     offset = philox_word("offset", offset, device, allow_per_row=batch, limit=SEED_LIMIT)
-    cfg_scale, temperature, top_k, rule_code, entropy_coef, tvd_threshold, coupling_code = scalars
     chosen = select_backend(backend, device)
     compiling = torch.compiler.is_compiling()
     if compiling or chosen != "triton":  # the eager Triton launch passes int seeds / offsets as kernel arguments
         seed, offset = word_tensor(seed, device), word_tensor(offset, device)
-    args = (target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale, temperature, top_k, rule_code,
-            entropy_coef, tvd_threshold, start, coupling_code, positions, seed, offset, return_probs, top_p, min_p,
-            target_is_probs)
+    args = VerifyArgs(target_logits=target_logits, draft_tokens=draft_tokens, draft_probs=draft_probs,
+                      uncond_logits=uncond_logits, neighbours=checked.neighbours, cfg_scale=cfg_scale,
+                      temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, target_is_probs=target_is_probs,
+                      rule=checked.code, rule_params=checked.params, gather_distortion=bool(gather_distortion),
+                      start=start, coupling=coupling_code, positions=positions, seed=seed, offset=offset,
+                      return_probs=return_probs)
     if compiling:
-        outputs = _verify_op(*args, chosen)  # the registered op: traced through its fake implementation
+        outputs = torch.ops.csd_kernels.verify(*args, chosen)  # the registered op: traced through its fake
     else:  # eager: the same implementation without the dispatcher's per-call cost
         outputs = _eager(chosen, args)
     result = VerifyResult(*outputs)
@@ -258,11 +258,11 @@ def verify(
     return result
 
 
-def _eager(chosen: str, args: tuple) -> tuple:
+def _eager(chosen: str, args: VerifyArgs) -> tuple:
     if chosen == "triton":  # kernels write fresh outputs through pointers: no autograd graph, so no no_grad cost
-        return _triton_backend(*args, packed_outputs=True)  # eager outputs may share storage (fewer allocations)
+        return _triton_backend(args, packed_outputs=True)  # eager outputs may share storage (fewer allocations)
     with torch.no_grad():
-        return _BACKEND_FUNCTIONS[chosen](*args)
+        return _BACKEND_FUNCTIONS[chosen](args)
 
 
 def _one_target(target_logits, target_probs, uncond_logits, cfg_scale, temperature, top_k, top_p, min_p):
@@ -281,19 +281,18 @@ def _one_target(target_logits, target_probs, uncond_logits, cfg_scale, temperatu
     return target_probs
 
 
-def _renamed(deprecated: dict, rule: str, coupling: str) -> tuple[str, str]:
-    """(rule, coupling), taking the deprecated ``mode=`` / ``next_drafts=`` spellings with a warning."""
-    if not deprecated:
-        return rule, coupling
+def _renamed(keywords: dict, rule: str, coupling: str) -> tuple[str, str, dict]:
+    """(rule, coupling, the other keywords), taking the deprecated ``mode=`` / ``next_drafts=`` spellings with a
+    warning."""
+    if "mode" not in keywords and "next_drafts" not in keywords:
+        return rule, coupling, keywords
     import warnings
 
+    keywords = dict(keywords)
     for old, new in (("mode", "rule"), ("next_drafts", "coupling")):
-        if old in deprecated:
+        if old in keywords:
             warnings.warn(f"verify({old}=...) is deprecated; use {new}=", DeprecationWarning, stacklevel=3)
-    unknown = sorted(set(deprecated) - {"mode", "next_drafts"})
-    if unknown:
-        raise TypeError(f"verify() got unexpected keyword argument(s) {unknown}")
-    return deprecated.get("mode", rule), deprecated.get("next_drafts", coupling)
+    return keywords.pop("mode", rule), keywords.pop("next_drafts", coupling), keywords
 
 
 def _check_tensors(target_logits, draft_tokens, draft_probs, uncond_logits, target_is_probs: bool = False) -> tuple:

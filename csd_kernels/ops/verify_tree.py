@@ -15,8 +15,20 @@ import torch
 
 from .. import reference as ref
 from ..backends.compiled import has_tree, verify_tree_rows
-from ..constants import DEFAULT_ENTROPY_COEF, DEFAULT_TVD_THRESHOLD, SEED_LIMIT
-from .checks import SeedLike, check_device, check_logits, check_nucleus, check_scalars, philox_word, word_tensor
+from ..backends.spec import TREE_ARGS, TREE_RETURNS, Arg, TreeArgs, schema
+from ..config.acceptance import params_by_name
+from ..constants import SEED_LIMIT
+from .checks import (
+    SeedLike,
+    check_device,
+    check_logits,
+    check_nucleus,
+    check_rule,
+    check_scalars,
+    philox_word,
+    rule_keywords,
+    word_tensor,
+)
 from .registry import select_tree_backend
 
 __all__ = ["TreeResult", "verify_tree"]
@@ -25,28 +37,25 @@ TreeResult = ref.TreeResult
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Backends behind one op (the positional contract of backends.triton.verify_tree.verify_tree_triton)
+# Backends behind one op: each takes one backends.spec.TreeArgs
 # ----------------------------------------------------------------------------------------------------------------------
-def _torch_backend(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching,
-                   depth_limit, cfg_scale, temperature, top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed,
-                   offset):
-    layout = device_layout(branching, depth_limit, target_logits.shape[1], target_logits.device)
-    out = ref.verify_tree(target_logits, node_tokens, draft_probs, layout, uncond_logits=uncond_logits,
-                          cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or None,
-                          top_p=top_p if top_p < 1.0 else None, min_p=min_p or None, rule=ref.RULES[rule],
-                          entropy_coef=entropy_coef, tvd_threshold=tvd_threshold, sibling_probs=sibling_probs,
-                          seed=seed, offset=offset)
+def _torch_backend(a: TreeArgs) -> tuple:
+    layout = device_layout(a.branching, a.depth_limit, a.target_logits.shape[1], a.target_logits.device)
+    out = ref.verify_tree(a.target_logits, a.node_tokens, a.draft_probs, layout, uncond_logits=a.uncond_logits,
+                          cfg_scale=a.cfg_scale, temperature=a.temperature, top_k=a.top_k or None,
+                          top_p=a.top_p if a.top_p < 1.0 else None, min_p=a.min_p or None, rule=ref.RULES[a.rule],
+                          neighbours=a.neighbours, gather_distortion=a.gather_distortion,
+                          sibling_probs=a.sibling_probs, seed=a.seed, offset=a.offset,
+                          **params_by_name(a.rule, a.rule_params))
     return (out.accept_len, out.path, out.tokens, out.accept_prob.float(), out.entropy.float(), out.tvd.float(),
             out.distortion.float(), out.status)
 
 
-def _triton_backend(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching,
-                    depth_limit, *scalars):
+def _triton_backend(a: TreeArgs) -> tuple:
     from ..backends.triton.verify_tree import verify_tree_triton  # optional (triton), imported on first use
 
-    uncond = None if uncond_logits is None else uncond_logits.contiguous()
-    return verify_tree_triton(target_logits.contiguous(), uncond, node_tokens, draft_probs, sibling_probs, children,
-                              depth, *scalars)
+    uncond = None if a.uncond_logits is None else a.uncond_logits.contiguous()
+    return verify_tree_triton(a._replace(target_logits=a.target_logits.contiguous(), uncond_logits=uncond))
 
 
 _BACKEND_FUNCTIONS = {"torch": _torch_backend, "triton": _triton_backend, "cpu": verify_tree_rows,
@@ -60,34 +69,15 @@ def device_layout(branching: int, depth_limit: int, slots: int, device: torch.de
     return ref.tree_layout(branching, depth_limit, slots).to(device)
 
 
-@torch.library.custom_op("csd_kernels::verify_tree", mutates_args=())
-def _verify_tree_op(
-    target_logits: torch.Tensor,
-    uncond_logits: Optional[torch.Tensor],
-    node_tokens: torch.Tensor,
-    draft_probs: torch.Tensor,
-    sibling_probs: Optional[torch.Tensor],
-    children: torch.Tensor,
-    depth: torch.Tensor,
-    branching: int,
-    depth_limit: int,
-    cfg_scale: float,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    min_p: float,
-    rule: int,
-    entropy_coef: float,
-    tvd_threshold: float,
-    seed: torch.Tensor,
-    offset: torch.Tensor,
-    backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,  # the 8 fields of TreeResult, in order
-           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    outputs = _BACKEND_FUNCTIONS[backend](
-        target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching,
-        depth_limit, cfg_scale, temperature, top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed, offset)
-    return tuple(outputs)
+# csd_kernels::verify_tree: one custom op over the spec (+ the backend's name), so torch.compile traces it
+torch.library.define("csd_kernels::verify_tree", schema(TREE_ARGS, TREE_RETURNS, extra=(Arg("backend", "str"),)))
+_DRAFT_PROBS = TreeArgs._fields.index("draft_probs")
+
+
+@torch.library.impl("csd_kernels::verify_tree", "default")
+def _verify_tree_op(*args) -> tuple:
+    *fields, backend = args
+    return tuple(_BACKEND_FUNCTIONS[backend](TreeArgs(*fields)))
 
 
 def _fake_outputs(target_logits: torch.Tensor, draft_probs: torch.Tensor):
@@ -98,17 +88,15 @@ def _fake_outputs(target_logits: torch.Tensor, draft_probs: torch.Tensor):
             target_logits.new_empty((batch,), dtype=torch.int32))
 
 
-@_verify_tree_op.register_fake
-def _(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, depth, branching, depth_limit,
-      cfg_scale, temperature, top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed, offset, backend):
-    return _fake_outputs(target_logits, draft_probs)
+@torch.library.register_fake("csd_kernels::verify_tree")
+def _(*args):
+    return _fake_outputs(args[0], args[_DRAFT_PROBS])
 
 
 if has_tree():
 
     @torch.library.register_fake("csd_kernels::verify_tree_rows")
-    def _(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, children, cfg_scale, temperature,
-          top_k, top_p, min_p, rule, entropy_coef, tvd_threshold, seed, offset):
+    def _(target_logits, uncond_logits, node_tokens, draft_probs, *rest):
         return _fake_outputs(target_logits, draft_probs)
 
 
@@ -128,17 +116,19 @@ def verify_tree(
     top_p: Optional[float] = None,
     min_p: Optional[float] = None,
     rule: str = "strict",
-    entropy_coef: float = DEFAULT_ENTROPY_COEF,
-    tvd_threshold: float = DEFAULT_TVD_THRESHOLD,
+    neighbours: Optional[torch.Tensor] = None,
+    gather_distortion: bool = False,
     sibling_probs: Optional[torch.Tensor] = None,
     seed: SeedLike,
     offset: SeedLike,
     backend: Optional[str] = None,
+    **rule_params,
 ) -> TreeResult:
     """Verify a window of draft trees in one pass over the tree's unique nodes (reference.verify_tree defines it).
 
     From the root, p is computed at each visited node (CFG, temperature, top-k / top-p / min-p as in verify), its
-    children are tested in rank order by recursive rejection sampling (the main draft by ``rule``, siblings strictly
+    children are tested in rank order by recursive rejection sampling (the main draft by ``rule`` and its parameters,
+    keywords as in verify, rejected into the rule's resampling law; siblings strictly
     against ``sibling_probs``, the law they were drawn from; default draft_probs), the first accepted child is the next
     node, and when none is, a token is drawn from the last residual. The uniforms come from the tree stream
     (reference.tree_uniforms) keyed by ``seed`` and ``offset`` (the row's attempt count).
@@ -170,8 +160,9 @@ def verify_tree(
         if uncond_logits.dtype != target_logits.dtype:
             raise ValueError(f"uncond_logits must have the dtype of target_logits ({target_logits.dtype}), got "
                              f"{uncond_logits.dtype}")
-    cfg_scale, temperature, top_k, rule_code, entropy_coef, tvd_threshold, _ = check_scalars(
-        uncond_logits is not None, cfg_scale, temperature, top_k, rule, entropy_coef, tvd_threshold, "independent")
+    cfg_scale, temperature, top_k, _ = check_scalars(uncond_logits is not None, cfg_scale, temperature, top_k,
+                                                     "independent")
+    checked = check_rule(rule, rule_keywords(rule_params, "verify_tree"), neighbours, vocab, device)
     top_p, min_p = check_nucleus(top_p, min_p)
     seed = word_tensor(philox_word("seed", seed, device, allow_per_row=batch, limit=SEED_LIMIT), device)
     offset = word_tensor(philox_word("offset", offset, device, allow_per_row=batch, limit=SEED_LIMIT), device)
@@ -179,14 +170,17 @@ def verify_tree(
     compiling = torch.compiler.is_compiling()
     on_device = layout.children.device == device
     tree = layout if compiling or on_device else device_layout(layout.branching, layout.depth_limit, slots, device)
-    args = (target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs, tree.children.to(device),
-            tree.depth.to(device), layout.branching, layout.depth_limit, cfg_scale, temperature, top_k, top_p, min_p,
-            rule_code, entropy_coef, tvd_threshold, seed, offset)
+    args = TreeArgs(target_logits=target_logits, uncond_logits=uncond_logits, node_tokens=node_tokens,
+                    draft_probs=draft_probs, sibling_probs=sibling_probs, neighbours=checked.neighbours,
+                    children=tree.children.to(device), depth=tree.depth.to(device), branching=layout.branching,
+                    depth_limit=layout.depth_limit, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+                    top_p=top_p, min_p=min_p, rule=checked.code, rule_params=checked.params,
+                    gather_distortion=bool(gather_distortion), seed=seed, offset=offset)
     if compiling:
-        outputs = _verify_tree_op(*args, chosen)  # the registered op: traced through its fake implementation
+        outputs = torch.ops.csd_kernels.verify_tree(*args, chosen)  # the registered op: traced through its fake
     else:  # eager: the same implementation without the dispatcher's per-call cost
         with torch.no_grad():
-            outputs = _BACKEND_FUNCTIONS[chosen](*args)
+            outputs = _BACKEND_FUNCTIONS[chosen](args)
     result = TreeResult(*outputs)
     result.status = result.status | status_in
     return result

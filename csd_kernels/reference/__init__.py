@@ -4,7 +4,8 @@ Every backend (Triton, C++/CPU, CUDA) and every test is held against the functio
 vectorised PyTorch (no Python loop over rows or positions) and take a ``compute_dtype`` so tests can run them in
 float64. The ``torch`` backend *is* :func:`verify` with ``compute_dtype=torch.float32``. Modules: :mod:`.rng` (the
 random numbers), :mod:`.distributions` (p, q and the per-position statistics), :mod:`.verify` (the step),
-:mod:`.tree` (draft trees), :mod:`.gsd` (grouped speculative decoding's rule); every public name is here too.
+:mod:`.rules` (the acceptance rules: a(x), the resampling law, the distortion), :mod:`.tree` (draft trees); every public
+name is here too.
 
 Definitions (per row b and window position i; V = vocabulary size):
 
@@ -20,14 +21,14 @@ Definitions (per row b and window position i; V = vocabulary size):
 * entropy               H = −Σ p ln p  (nats, 0 ln 0 = 0)
 * total variation       TVD = ½ Σ |p − q|        (q = draft_probs row, or one-hot(x) when draft_probs is None,
                                                   or the zero vector when there is neither: TVD = ½)
-* acceptance of draft x strict: a(x) = min(1, p(x)/q(x));  csd: a(x) = min(1, p(x)/q(x) + λ·H) if TVD < τ else strict;
+* acceptance of draft x by the rule (strict, csd, gsd, arsample, lantern, lantern++: :mod:`.rules`), e.g.
+                        strict: a(x) = min(1, p(x)/q(x));  csd: a(x) = min(1, p(x)/q(x) + λ·H) if TVD < τ else strict;
                         a(x) = 0 when q(x) = 0 (invalid draft for that position: rejected, never divided by zero)
                         and when x ∉ S (a masked or filtered draft is always rejected, whatever the rule)
 * decision              accept iff u_accept < a(x)
-* resampling            r ∝ max(p − q, 0) (the residual); p when the residual sums to zero
-* output distribution   out(y) = q(y)a(y) + (1 − Σ q a) r(y);   distortion = ½ Σ |out − p|
-                        (0 for strict; for csd with the gate open it equals Σ_y (q a − min(p, q))(y), see
-                        :func:`closed_form_distortion`)
+* resampling            r ∝ max(p − q·a, 0), which is max(p − q, 0) for every rule but gsd; p when it sums to zero
+* output distribution   out(y) = q(y)a(y) + (1 − Σ q a) r(y);   distortion = ½ Σ |out − p| = Σ_y max(q a − p, 0)
+                        (0 for strict; :func:`closed_form_distortion`)
 * next drafts           positions after accept_len get a new draft, marginally ~ p:
                         independent: inverse-CDF draw from p;  maximal: keep x iff u_accept < min(1, p(x)/q(x)),
                         else draw from the residual;  gumbel: argmax(z + G), G fixed per (seed, row, absolute position).
@@ -37,13 +38,13 @@ Random numbers: see :mod:`.rng`.
 
 from .distributions import *  # noqa: F401,F403
 from .distributions import __all__ as _distributions
-from .gsd import *  # noqa: F401,F403
-from .gsd import __all__ as _gsd
 from .rng import *  # noqa: F401,F403
 from .rng import __all__ as _rng
+from .rules import *  # noqa: F401,F403
+from .rules import __all__ as _rules
 from .tree import *  # noqa: F401,F403
 from .tree import __all__ as _tree
 from .verify import *  # noqa: F401,F403
 from .verify import __all__ as _verify
 
-__all__ = [*_rng, *_distributions, *_verify, *_tree, *_gsd]
+__all__ = [*_rng, *_distributions, *_rules, *_verify, *_tree]

@@ -1,6 +1,6 @@
 """The target and draft distributions of a window and the per-position statistics: CFG mix, temperature, top-k /
-top-p / min-p, entropy, TVD, the acceptance rule a(x), the residual and the output law (see the package docstring for
-the definitions), and which inputs are bad (the STATUS_* bits every backend writes)."""
+top-p / min-p, entropy, TVD, the residual and the output law (see the package docstring for the definitions; the
+acceptance rules are rules.py), and which inputs are bad (the STATUS_* bits every backend writes)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 __all__ = ["STATUS_BAD_LOGITS", "STATUS_BAD_DRAFT_TOKEN", "STATUS_BAD_DRAFT_PROBS", "STATUS_MISSING_COMMITTED_TOKEN",
            "PROB_SUM_TOLERANCE", "mixed_logits", "restrict_top_k", "restrict_top_p", "restrict_min_p", "target_probs",
-           "entropy", "total_variation", "acceptance_probability", "accepted_mass", "optimal_residual",
+           "entropy", "total_variation", "optimal_residual",
            "output_distribution", "closed_form_distortion", "inverse_cdf_sample", "Target", "Drafts",
            "target_distribution", "target_distribution_from_probs", "draft_distribution"]
 
@@ -118,28 +118,6 @@ def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return 0.5 * (p - q).abs().sum(-1)
 
 
-def acceptance_probability(
-    p_x: torch.Tensor, q_x: torch.Tensor, h: torch.Tensor, tvd: torch.Tensor, rule: str, entropy_coef: float,
-    tvd_threshold: float, in_support: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """a(x) for draft probabilities p(x), q(x) (any broadcastable shapes); 0 where q(x) = 0 or x is outside the
-    support of p (``in_support``; default p(x) > 0)."""
-    in_support = p_x > 0 if in_support is None else in_support
-    valid = (q_x > 0) & in_support
-    safe_q = torch.where(valid, q_x, torch.ones_like(q_x))
-    ratio = torch.where(valid, p_x / safe_q, torch.zeros_like(p_x))
-    if rule == "csd":
-        relaxed = torch.where(valid, ratio + entropy_coef * h, torch.zeros_like(ratio))
-        ratio = torch.where(tvd < tvd_threshold, relaxed, ratio)
-    return ratio.clamp(max=1.0)
-
-
-def accepted_mass(p: torch.Tensor, q: torch.Tensor, h: torch.Tensor, tvd: torch.Tensor, rule: str,
-                  entropy_coef: float, tvd_threshold: float, support: Optional[torch.Tensor] = None):
-    """q(y)·a(y) for every token y: the probability of drafting y and accepting it.  Shape: [..., V]."""
-    return q * acceptance_probability(p, q, h[..., None], tvd[..., None], rule, entropy_coef, tvd_threshold, support)
-
-
 def optimal_residual(p: torch.Tensor, q_times_a: torch.Tensor) -> torch.Tensor:
     """The resampling distribution that minimises ½Σ|out − p| for any acceptance rule: r ∝ max(p − q·a, 0).
 
@@ -158,9 +136,10 @@ def output_distribution(p: torch.Tensor, q: torch.Tensor, q_times_a: torch.Tenso
 
 
 def closed_form_distortion(p: torch.Tensor, q: torch.Tensor, q_times_a: torch.Tensor) -> torch.Tensor:
-    """½Σ|out − p| for rules with q·a ≥ min(p, q) resampled from max(p − q, 0): Σ (q·a − min(p, q)).
+    """½Σ|out − p| of a rule resampled from its optimal residual max(p − q·a, 0): Σ max(q·a − min(p, q), 0)
+    (= Σ max(q·a − p, 0) for any a ≤ 1; for a rule with q·a ≥ min(p, q) that residual is max(p − q, 0)).
 
-    This is what the kernels compute in their single pass; the tests hold it against output_distribution.
+    The tests hold it against output_distribution.
     """
     return (q_times_a - torch.minimum(p, q)).clamp(min=0).sum(-1)
 

@@ -15,21 +15,17 @@ from typing import Optional
 
 import torch
 
-from ..constants import DEFAULT_ENTROPY_COEF, DEFAULT_TVD_THRESHOLD
 from .distributions import (
     PROB_SUM_TOLERANCE,
     STATUS_BAD_DRAFT_PROBS,
     STATUS_BAD_DRAFT_TOKEN,
     STATUS_BAD_LOGITS,
-    acceptance_probability,
-    accepted_mass,
-    closed_form_distortion,
-    entropy,
     inverse_cdf_sample,
     target_distribution,
     total_variation,
 )
 from .rng import tree_uniforms
+from .rules import Acceptance
 
 __all__ = ["TreeLayout", "tree_nodes", "tree_layout", "tree_candidates", "rrs_step", "TreeWalk", "tree_walk",
            "TreeResult", "valid_levels", "tree_inputs", "verify_tree"]
@@ -117,22 +113,21 @@ def tree_candidates(main_tokens: torch.Tensor, q: torch.Tensor, branching: int, 
 
 
 def rrs_step(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, support: Optional[torch.Tensor] = None,
-             accept: Optional[torch.Tensor] = None, rest: Optional[torch.Tensor] = None):
+             accept: Optional[torch.Tensor] = None, rest: Optional[torch.Tensor] = None,
+             residual: Optional[torch.Tensor] = None):
     """One candidate of recursive rejection sampling: (a(x), the next p and q if x is rejected).
 
-    a(x) = min(1, p(x)/q(x)), or ``accept`` when given (csd's relaxed a of the main draft). Next p =
-    norm(max(p − q, 0)) (p where that is zero); next q = ``rest`` (default q: the law the next candidates are drawn
-    from) without x, renormalised (zero when nothing is left). A rejected x has p(x) <= q(x) under both rules (a = 1
-    otherwise), so the next p has no mass at x. A missing candidate (x = -1) changes nothing and is never accepted.
-    Shape: p, q, rest [..., V], x, accept [...]."""
+    a(x) = min(1, p(x)/q(x)), or ``accept`` when given (a relaxed rule's a of the main draft). Next p =
+    norm(``residual``) (default max(p − q, 0), the rule's resampling weights when given; p where they sum to zero);
+    next q = ``rest`` (default q: the law the next candidates are drawn from) without x, renormalised (zero when
+    nothing is left). A missing candidate (x = -1) changes nothing and is never accepted. Shape: p, q, rest,
+    residual [..., V], x, accept [...]."""
     present = x >= 0
     index = x.clamp(min=0)[..., None]
-    p_x, q_x = p.gather(-1, index).squeeze(-1), q.gather(-1, index).squeeze(-1)
-    in_support = p_x > 0 if support is None else support.gather(-1, index).squeeze(-1)
     if accept is None:
-        accept = acceptance_probability(p_x, q_x, p_x * 0, p_x * 0, "strict", 0.0, 0.0, in_support)
+        accept = Acceptance("strict", p, q, support=support).at(x[..., None])[..., 0]
     a = torch.where(present, accept, 0)
-    residual = (p - q).clamp(min=0)
+    residual = (p - q).clamp(min=0) if residual is None else residual
     mass = residual.sum(-1, keepdim=True)
     next_p = torch.where(mass > 0, residual / torch.where(mass > 0, mass, 1), p)
     removed = (q if rest is None else rest).scatter(-1, index, 0.0)
@@ -158,17 +153,18 @@ class TreeWalk:
 
 def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: TreeLayout, u_accept: torch.Tensor,
               u_sample: torch.Tensor, support: Optional[torch.Tensor] = None, rule: str = "strict",
-              entropy_coef: float = 0.0, tvd_threshold: float = 0.0,
-              sibling_q: Optional[torch.Tensor] = None) -> TreeWalk:
+              sibling_q: Optional[torch.Tensor] = None, neighbours: Optional[torch.Tensor] = None,
+              **rule_params) -> TreeWalk:
     """Verify a draft tree: from the root, at each accepted node RRS over its children in rank order (their shared
     q is that of their level); the first accepted child is the next node; all rejected: emit a draw from the last
     residual; a node without children: emit a draw from its p. The emitted tokens are distributed exactly as the
     target's autoregressive law (tests/test_tree.py).
 
-    The main draft (rank 0) is tested against q with ``rule`` (csd: + λ·H(p) where TVD(p, q) < τ, both at the node;
-    the residual stays norm(max(p − q, 0)), so each emitted token has exactly the law of csd on a chain, and the
-    same closed-form distortion); the siblings (ranks 1..) by strict RRS against ``sibling_q`` (default q), the law
-    they were drawn from without replacement (tree_candidates on sibling_q).
+    The main draft (rank 0) is tested against q with ``rule`` and its parameters (reference.rules: e.g. csd adds λ·H(p)
+    where TVD(p, q) < τ, both at the node) and rejected into the rule's resampling law (max(p − q, 0), gsd's
+    max(p − q·a, 0)), so each emitted token has exactly the law of the rule on a chain, and the same distortion); the
+    siblings (ranks 1..) by strict RRS against ``sibling_q`` (default q), the law they were drawn from without
+    replacement (tree_candidates on sibling_q): given any rejected main draft, strict RRS emits the residual's law.
 
     Shape: p [B, S, V] the target at each slot's output (the law of its children's position); tokens [B, S] each
     slot's token (-1: missing candidate); q, sibling_q [B, M, V] the q of each draft level; u_accept, u_sample
@@ -197,8 +193,10 @@ def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: Tr
         for r in range(ranks):
             slot = kids[:, r]
             x = torch.where((slot >= 0) & (chosen < 0), tokens[rows, slot.clamp(min=0)], -1)
-            relaxed = _relaxed_main(p_j, q_j, x, sup, rule, entropy_coef, tvd_threshold) if r == 0 else None
-            a, next_p, next_q = rrs_step(p_j, q_j, x, sup, relaxed, rest if r == 0 else None)
+            main = _main_rule(p_j, q_j, sup, rule, neighbours, rule_params) if r == 0 else None
+            relaxed = None if main is None else main.at(x[..., None])[..., 0]
+            weights = None if main is None or not main.rule.residual_qa else main.residual()
+            a, next_p, next_q = rrs_step(p_j, q_j, x, sup, relaxed, rest if r == 0 else None, weights)
             hit = (x >= 0) & (u_accept[rows, slot.clamp(min=0)] < a)
             chosen, chosen_a = torch.where(hit, slot, chosen), torch.where(hit, a, chosen_a)
             p_j, q_j = torch.where(hit[:, None], p_j, next_p), torch.where(hit[:, None], q_j, next_q)
@@ -225,8 +223,8 @@ class TreeResult:
     Shape: accept_len [B] int64; path, tokens [B, M + 1] int64 (TreeWalk's); accept_prob, entropy, tvd,
     distortion [B, M + 1] float32 (0 after accept_len); status [B] int32 (STATUS_BAD_LOGITS: a visited node had bad
     logits; STATUS_BAD_DRAFT_TOKEN / STATUS_BAD_DRAFT_PROBS: see tree_inputs). entropy H(p)
-    at the node; tvd ½Σ|p − q_i| (½ at i = M, no q); distortion csd's closed form at the node (0 without a main
-    draft below it, and under the strict rule)."""
+    at the node; tvd ½Σ|p − q_i| (½ at i = M, no q); distortion the rule's at the node (0 without a main draft
+    below it, and under a lossless rule; NaN for lantern / lantern++ unless gather_distortion)."""
 
     accept_len: torch.Tensor
     path: torch.Tensor
@@ -267,9 +265,9 @@ def tree_inputs(node_tokens: torch.Tensor, draft_probs: torch.Tensor, sibling_pr
 def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_probs: torch.Tensor,
                 layout: TreeLayout, *, uncond_logits: Optional[torch.Tensor] = None, cfg_scale: float = 1.0,
                 temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
-                min_p: Optional[float] = None, rule: str = "strict", entropy_coef: float = DEFAULT_ENTROPY_COEF,
-                tvd_threshold: float = DEFAULT_TVD_THRESHOLD, sibling_probs: Optional[torch.Tensor] = None,
-                seed: torch.Tensor, offset: torch.Tensor) -> TreeResult:
+                min_p: Optional[float] = None, rule: str = "strict", neighbours: Optional[torch.Tensor] = None,
+                gather_distortion: bool = False, sibling_probs: Optional[torch.Tensor] = None,
+                seed: torch.Tensor, offset: torch.Tensor, **rule_params) -> TreeResult:
     """The fused tree verification, defined: p at every slot (CFG, temperature, top-k / top-p / min-p), the walk
     on the tree stream's uniforms (tree_walk), and the stats of the nodes on the path.
 
@@ -280,8 +278,8 @@ def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_pr
                                  min_p)
     node_tokens, q, sibling_q, status_in = tree_inputs(node_tokens, draft_probs, sibling_probs, target.p.shape[-1])
     u_accept, u_sample = tree_uniforms(seed, offset, batch, slots)
-    walk = tree_walk(target.p, node_tokens, q, layout, u_accept, u_sample, target.support, rule, entropy_coef,
-                     tvd_threshold, sibling_q)
+    walk = tree_walk(target.p, node_tokens, q, layout, u_accept, u_sample, target.support, rule, sibling_q,
+                     neighbours, **rule_params)
     rows = torch.arange(batch, device=q.device)[:, None]
     on_path = walk.path >= 0
     node = walk.path.clamp(min=0)
@@ -291,8 +289,13 @@ def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_pr
     tvd = total_variation(p_at, q_at)
     main_child = layout.children.to(q.device)[node, 0]
     has_draft = (main_child >= 0) & (node_tokens.gather(1, main_child.clamp(min=0)) >= 0)
-    q_times_a = accepted_mass(p_at, q_at, h, tvd, rule, entropy_coef, tvd_threshold, target.support[rows, node])
-    distortion = torch.where(has_draft & (rule == "csd"), closed_form_distortion(p_at, q_at, q_times_a), 0)
+    acc = Acceptance(rule, p_at, q_at, support=target.support[rows, node], h=h, tvd=tvd, neighbours=neighbours,
+                     **rule_params)
+    if acc.rule.distortion_gathers and not gather_distortion:
+        distortion = torch.full_like(h, float("nan"))
+    else:
+        distortion = acc.distortion()
+    distortion = torch.where(has_draft, distortion, 0)
     zero = torch.zeros_like(h)
     status = (target.bad[rows, node] & on_path).any(-1).to(torch.int32) * STATUS_BAD_LOGITS
     status = status | status_in
@@ -300,12 +303,8 @@ def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_pr
                       torch.where(on_path, tvd, zero), torch.where(on_path, distortion, zero), status)
 
 
-def _relaxed_main(p, q, x, support, rule: str, entropy_coef: float, tvd_threshold: float):
-    """csd's a(x) of a main draft against its q at the node (None under the strict rule: rrs_step's min(1, p/q))."""
+def _main_rule(p, q, support, rule: str, neighbours, rule_params: dict) -> Optional[Acceptance]:
+    """The rule of a main draft against its q at the node (None under the strict rule: rrs_step's min(1, p/q))."""
     if rule == "strict":
         return None
-    index = x.clamp(min=0)[..., None]
-    p_x, q_x = p.gather(-1, index).squeeze(-1), q.gather(-1, index).squeeze(-1)
-    in_support = p_x > 0 if support is None else support.gather(-1, index).squeeze(-1)
-    return acceptance_probability(p_x, q_x, entropy(p), total_variation(p, q), rule, entropy_coef, tvd_threshold,
-                                  in_support)
+    return Acceptance(rule, p, q, support=support, neighbours=neighbours, **rule_params)

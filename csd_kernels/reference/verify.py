@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from ..config.acceptance import RULE_NAMES
 from ..constants import COUPLINGS, DEFAULT_ENTROPY_COEF, DEFAULT_TVD_THRESHOLD
 from .distributions import (
     STATUS_BAD_DRAFT_PROBS,
@@ -17,9 +18,6 @@ from .distributions import (
     STATUS_MISSING_COMMITTED_TOKEN,
     Drafts,
     Target,
-    acceptance_probability,
-    accepted_mass,
-    closed_form_distortion,
     draft_distribution,
     inverse_cdf_sample,
     target_distribution,
@@ -27,11 +25,12 @@ from .distributions import (
     total_variation,
 )
 from .rng import gumbel_uniforms, step_uniforms
+from .rules import Acceptance
 
 __all__ = ["RULES", "COUPLINGS", "DEFAULT_ENTROPY_COEF", "DEFAULT_TVD_THRESHOLD", "VerifyResult", "accept_prefix",
            "assemble", "verify"]
 
-RULES = ("strict", "csd")  # the acceptance rule of verify
+RULES = RULE_NAMES  # the acceptance rules of verify, by code (config/acceptance.py)
 
 
 @dataclass
@@ -45,7 +44,8 @@ class VerifyResult:
     tokens: the drafts before accept_len, the resampled token at accept_len, and the next drafts after it.
     probs: the target distribution p (after CFG, temperature, top-k).
     entropy: H(p) in nats. tvd: ½Σ|p − q| (½ where there is neither a draft nor draft_probs).
-    accept_prob: a(x) for the draft (0 where there is none). distortion: ½Σ|out − p| of the rule at that position.
+    accept_prob: a(x) for the draft (0 where there is none). distortion: ½Σ|out − p| of the rule at that position
+    (NaN for a rule whose distortion needs gathers, lantern and lantern++, unless asked for).
     status: per-row bit mask of input problems (STATUS_*), 0 when the row was fine.
     accept_len_host: accept_len as a Python list when ``csd_kernels.verify(validate=True)`` read it.
     """
@@ -106,8 +106,8 @@ def verify(
     top_p: Optional[float] = None,
     min_p: Optional[float] = None,
     rule: str = "csd",
-    entropy_coef: float = DEFAULT_ENTROPY_COEF,
-    tvd_threshold: float = DEFAULT_TVD_THRESHOLD,
+    neighbours: Optional[torch.Tensor] = None,
+    gather_distortion: bool = False,
     start: torch.Tensor,
     coupling: str = "independent",
     positions: torch.Tensor,
@@ -116,13 +116,16 @@ def verify(
     return_probs: bool = True,
     compute_dtype: torch.dtype = torch.float32,
     uniforms: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    **rule_params,
 ) -> VerifyResult:
     """The reference verification step on already-validated arguments (see csd_kernels.verify for the API).
 
+    ``rule`` and its parameters (``rule_params``, by name; config/acceptance.py): reference.rules defines them.
     ``uniforms`` = (u_accept, u_sample), each [B, L], replaces the Philox step stream (tests use it to fix u).
     ``target_probs`` replaces target_logits (then no CFG, temperature 1 and no top-k / top-p / min-p).
     Shape: target_logits or target_probs [B, L, V], draft_tokens [B, L], draft_probs [B, L, V] or None,
-    start/positions [B], seed [1] or [B], offset [1] or [B] (per-row step-stream offsets).
+    neighbours [V, k] int64 or None, start/positions [B], seed [1] or [B], offset [1] or [B] (per-row step-stream
+    offsets).
     """
     if target_probs is not None:
         length, vocab = target_probs.shape[1:]
@@ -134,34 +137,35 @@ def verify(
     drafts = draft_distribution(draft_tokens, draft_probs, vocab, compute_dtype)
     p, q, x = target.p, drafts.q, drafts.token
     tvd = total_variation(p, q)  # q is the zero vector where there is neither a draft nor draft_probs: TVD = ½
-    p_x = p.gather(-1, x.clamp(min=0)[..., None]).squeeze(-1)
-    q_x = torch.where(drafts.has_draft, q.gather(-1, x.clamp(min=0)[..., None]).squeeze(-1), torch.zeros_like(p_x))
-    x_in_support = target.support.gather(-1, x.clamp(min=0)[..., None]).squeeze(-1)
-    accept_prob = acceptance_probability(p_x, q_x, target.h, tvd, rule, entropy_coef, tvd_threshold, x_in_support)
-    q_times_a = accepted_mass(p, q, target.h, tvd, rule, entropy_coef, tvd_threshold, target.support)
-    distortion = torch.where(drafts.has_draft, closed_form_distortion(p, q, q_times_a), torch.zeros_like(target.h))
+    acc = Acceptance(rule, p, q, support=target.support, h=target.h, tvd=tvd, neighbours=neighbours, **rule_params)
+    accept_prob = torch.where(drafts.has_draft, acc.at(x[..., None])[..., 0], torch.zeros_like(target.h))
+    q_times_a = None
+    if acc.rule.residual_qa or not (acc.rule.lossless or (acc.rule.distortion_gathers and not gather_distortion)):
+        q_times_a = acc.accepted_mass()
+    distortion = acc.distortion(q_times_a) if q_times_a is not None or acc.rule.lossless else torch.full_like(
+        target.h, float("nan"))
+    distortion = torch.where(drafts.has_draft, distortion, torch.zeros_like(distortion))
 
     u_accept, u_sample = step_uniforms(seed, offset, positions, length) if uniforms is None else (
         u.to(torch.float32) for u in uniforms)
     accepted = drafts.has_draft & (u_accept.to(compute_dtype) < accept_prob)
     accept_len, committed = accept_prefix(accepted, start, target.bad)
-    residual = (p - q).clamp(min=0)
+    residual = acc.residual(q_times_a)
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
     from_p = inverse_cdf_sample(p, u_sample)
     resampled = torch.where(drafts.has_draft, inverse_cdf_sample(residual, u_sample), from_p)
-    later = _next_drafts(coupling, target, drafts, resampled, from_p, u_accept, p_x, q_x, x_in_support, temperature,
-                         seed, positions, compute_dtype)
+    later = _next_drafts(coupling, target, drafts, resampled, from_p, u_accept, temperature, seed, positions,
+                         compute_dtype)
     return assemble(target, drafts, accept_len, committed, resampled, later, tvd, accept_prob, distortion, return_probs)
 
 
-def _next_drafts(coupling, target, drafts, resampled, from_p, u_accept, p_x, q_x, x_in_support, temperature, seed,
-                 positions, compute_dtype) -> torch.Tensor:
+def _next_drafts(coupling, target, drafts, resampled, from_p, u_accept, temperature, seed, positions,
+                 compute_dtype) -> torch.Tensor:
     """The tokens drafted for the positions after accept_len, by coupling (see COUPLINGS)."""
     if coupling == "independent":
         return from_p
-    if coupling == "maximal":
-        zero = torch.zeros_like(p_x)
-        strict = acceptance_probability(p_x, q_x, zero, zero, "strict", 0.0, 0.0, x_in_support)  # min(1, p(x)/q(x))
+    if coupling == "maximal":  # keep x with min(1, p(x)/q(x)), else the (strict) residual's draw
+        strict = Acceptance("strict", target.p, drafts.q, support=target.support).at(drafts.token[..., None])[..., 0]
         keep = drafts.has_draft & (u_accept.to(compute_dtype) < strict)
         return torch.where(keep, drafts.token, resampled)
     if temperature == 0:  # gumbel

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .. import zoo
+from ..config.modes import COUPLED_MODES
 from ..decoding import MODES, GenerationConfig, generate
 from ..decoding.validation import TREE_MODES, check, check_backend, check_generate, check_tree
 from ..fileio.inputs import read_prompt_lines, read_prompts
@@ -199,13 +200,13 @@ def _check_arguments(spec: RunSpec, num_threads: Optional[int], device: torch.de
 
 
 def _check_tree(spec: RunSpec, modes: list, window: Optional[int]) -> None:
-    """--tree applies to the run's sjd and csd items: checked as they run it (generate()'s default window unless
-    given)."""
+    """--tree applies to the run's items of a mode that takes a tree (modes.TREE_MODES): checked as they run it
+    (generate()'s default window unless given)."""
     if spec.tree is None:
         return
     if not set(TREE_MODES) & set(modes):
-        raise UsageError(f"--tree {','.join(map(str, spec.tree))}: a draft tree applies to the run's sjd and csd "
-                         f"items; --modes {','.join(modes)} has none")
+        raise UsageError(f"--tree {','.join(map(str, spec.tree))}: a draft tree applies to the run's "
+                         f"{', '.join(TREE_MODES)} items; --modes {','.join(modes)} has none")
     window = GenerationConfig().window if window is None else window
     check_tree(spec.tree, "sjd", window, spec.coupling, static=True)
 
@@ -368,7 +369,7 @@ def _generate_batch(ctx: Dist, spec: RunSpec, entry, prompts: list, settings: di
     tree = dict(tree=spec.tree, static=True) if spec.tree is not None and mode in TREE_MODES else {}
     t0 = time.perf_counter()
     result = generate(entry.model, **entry.prompt_inputs([prompts[index] for _, index, _ in batch]), mode=mode,
-                      seed=[s for _, _, s in batch], coupling=spec.coupling if mode in ("sjd", "csd") else None,
+                      seed=[s for _, _, s in batch], coupling=spec.coupling if mode in COUPLED_MODES else None,
                       progress=False, **settings, **tree)
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
@@ -382,7 +383,7 @@ def _generate_batch(ctx: Dist, spec: RunSpec, entry, prompts: list, settings: di
     for row, (_, index, s) in enumerate(batch):
         record = {
             "format": FORMAT, "mode": mode, "index": index, "prompt": prompts[index], "seed": s,
-            "coupling": (spec.coupling or "default") if mode in ("sjd", "csd") else None,
+            "coupling": (spec.coupling or "default") if mode in COUPLED_MODES else None,
             "tree": list(spec.tree) if tree else None,
             "forward_passes": int(per_row[row]), "accepted": [int(a[row]) for a in result.accepted if a[row] > 0],
             "mean_distortion": float(distortion[row]),

@@ -53,7 +53,7 @@ def _digits(device: Optional[torch.device] = None, **options) -> ZooModel:
     codebook = load_codebook()
     lm = load_lm() if device is None else load_lm().to(device)
     model = ImageGPT(lm, image_token_range=(0, NUM_CODES), grid=GRID, null_token_id=NULL_TOKEN_ID,
-                     decode=lambda tokens: codebook.decode(tokens.cpu()))
+                     decode=lambda tokens: codebook.decode(tokens.cpu()), codebook=codebook.values)
 
     def parse(prompts: list[str]) -> dict:
         ids = prompt_ids(check(prompts))

@@ -9,8 +9,10 @@
 //   pass 1  z = mix(c, u) * (1/T), max z, finiteness                   (reads the logits once)
 //   top-k   k-th largest z via nth_element on a copy                    (only when 0 < top_k < V)
 //   pass 2  e = exp(z - max) where kept, Z = sum e, sum e*(z - max)      (entropy without a log per element)
-//   pass 3  p = e / Z (probs output), sum |p - q|, the csd distortion sum (division free), and per 256-token block
-//           the fp64 sums of p and of the residual max(p - q, 0) for the inverse-CDF draws
+//   pass 3  p = e / Z (probs output), sum |p - q|, the csd / arsample distortion sum (rules.h), and per 256-token
+//           block the fp64 sums of p and of the residual max(p - q, 0) for the inverse-CDF draws
+//   rules   the rule's term of the draft (lantern: k gathers of p; gsd: its groups over the sorted row, gsd_row.h),
+//           a(x), and the distortion of the rules whose terms need those (gsd; lantern with gather_distortion)
 //   draws   inverse CDF: walk the fp64 block sums, then scan the one block that crosses u * total in fp64
 //           (torch.cumsum's CPU accumulation), so token draws match the reference except for float tie splits
 //   gumbel  argmax(z + G) with a vectorised Philox (16-bit partial products) and a vectorised log
@@ -32,8 +34,10 @@
 #include <immintrin.h>
 #endif
 
+#include "../include/gsd_row.h"
 #include "../include/philox.h"
 #include "../include/verify_row.h"
+#include "serial_exec.h"
 #include "verify_cpu.h"
 
 namespace csd {
@@ -46,8 +50,16 @@ constexpr int kBlock = 256;  // tokens per fp64 block sum of the inverse-CDF dra
 
 // ---- per-thread scratch ---------------------------------------------------------------------------------------------
 struct Scratch {
-  std::vector<float> z, p, tmp;
+  std::vector<float> z, p, tmp, gsd_floats;
   std::vector<double> wbs, pbs;
+  std::vector<uint64_t> gsd_keys;
+  // gsd's scratch (gsd_row.h) for a vocabulary of V
+  GsdScratch gsd(int64_t vocab) {
+    if (static_cast<int64_t>(gsd_keys.size()) < vocab) gsd_keys.resize(vocab);
+    if (static_cast<int64_t>(gsd_floats.size()) < 5 * vocab + 2) gsd_floats.resize(5 * vocab + 2);
+    float* f = gsd_floats.data();
+    return GsdScratch{gsd_keys.data(), f, f + vocab, f + 2 * vocab, f + 3 * vocab + 1, f + 4 * vocab + 2};
+  }
   void ensure(int64_t vocab) {
     const int64_t nblk = (vocab + kBlock - 1) / kBlock;
     if (static_cast<int64_t>(z.size()) < vocab + kBlock) {
@@ -189,9 +201,9 @@ std::string cpu_isa() {
 }
 
 CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cpu) {
-  const CheckedArgs a = check_verify_args(target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale,
-                                          temperature, top_k, rule, entropy_coef, tvd_threshold, start, coupling,
-                                          positions, seed, offset, top_p, min_p, target_is_probs,
+  const CheckedArgs a = check_verify_args(target_logits, draft_tokens, draft_probs, uncond_logits, neighbours,
+                                          cfg_scale, temperature, top_k, top_p, min_p, target_is_probs, rule,
+                                          rule_params, gather_distortion, start, coupling, positions, seed, offset,
                                           target_logits.device());
   TORCH_CHECK(target_logits.device().is_cpu(), "csd_kernels.verify_rows (CPU): tensors must be on the CPU");
   const PreparedCall call = prepare_call(a, target_logits, draft_tokens, draft_probs, uncond_logits, start, positions,

@@ -1,13 +1,14 @@
 // CUDA kernel of torch.ops.csd_kernels.verify_rows (no torch headers: `nvcc -arch=sm_90 -c verify.cu` builds alone).
 //
-// Layout: one thread block of kThreads threads per (row, position); the vocabulary is walked with block-strided
+// Layout: one thread block of kRowThreads threads per (row, position); the vocabulary is walked with block-strided
 // loops (coalesced) and combined with warp-shuffle block reductions. The target probabilities are never stored
 // (except into the optional probs output): every pass recomputes p_v = exp(z_v - max) / Z from the logits (L2 hits),
 // which is deterministic, so all passes agree bit for bit. Passes:
 //   1. max z and finiteness (+ the draft-probability row check)
 //   2. (top-k) exact k-th largest z by a 4 x 8-bit radix select on order-preserving keys
 //   3. Z = sum exp(z - max), sum exp * (z - max)  -> entropy
-//   4. TVD, sum p, closed-form distortion, probs output
+//   4. TVD, sum p, the rule's per-token distortion terms (csd, arsample), probs output; then the rule's term of the
+//      draft (lantern: k gathers of p; gsd: its groups over the row sorted in the block's workspace, gsd_row.h)
 //   5. inverse-CDF draws: per-thread contiguous chunks summed in fp64, a block exclusive scan, and one thread
 //      walking the chunk that crosses u * total (fp64 running sum, as torch.cumsum on the CPU)
 //   6. (gumbel) argmax(z + G) with one Philox call per 4 tokens
@@ -20,6 +21,7 @@
 #include <string.h>
 
 #include "../include/block_ops.cuh"
+#include "../include/gsd_row.h"
 #include "split.cuh"
 #include "verify.cuh"
 
@@ -27,18 +29,15 @@ namespace csd {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 512;
-constexpr int kWarps = kThreads / 32;
-
 // The top-p threshold (reference.restrict_top_p): the largest order key t whose mass, the sum of exp(z - max) over
 // the kept z with key >= t, reaches top_p times the mass of every kept z; a bisection over the 32-bit keys (±0 share
 // one key, as torch compares them equal). The returned z keeps ties at the threshold.
 template <typename T>
-__device__ float block_top_p_threshold(const Row<T>& row, int64_t V, float top_p, BlockShared<kWarps>& sh) {
+__device__ float block_top_p_threshold(const Row<T>& row, int64_t V, float top_p, BlockShared<kRowWarps>& sh) {
   auto key_of = [](float zv) { return float_order_key(zv == 0.0f ? 0.0f : zv); };
   auto mass = [&](uint32_t lo) {
     float s = 0.0f;
-    for (int64_t v = threadIdx.x; v < V; v += kThreads) {
+    for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
       const float zv = row.z(v);
       if (row.kept(zv) && key_of(zv) >= lo) s = f_add(s, expf(f_sub(zv, row.m)));
     }
@@ -57,8 +56,8 @@ __device__ float block_top_p_threshold(const Row<T>& row, int64_t V, float top_p
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyProblem a) {
-  __shared__ BlockShared<kWarps> sh;
+__global__ void __launch_bounds__(kRowThreads) verify_position_kernel(csd::VerifyProblem a) {
+  __shared__ BlockShared<kRowWarps> sh;
   const int64_t item = blockIdx.x;
   const int64_t b = item / a.L, i = item % a.L;
   const int64_t V = a.prm.vocab;
@@ -80,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   float m = -f_inf();
   bool bad = false;
   float ws = 0.0f, wls = 0.0f;
-  for (int64_t v = threadIdx.x; v < V; v += kThreads) {
+  for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
     bool bad_v;
     const float zv = row.z_checked(v, &bad_v);
     bad |= bad_v;
@@ -106,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   if (q) {
     bool qbad = false;
     float qs = 0.0f;
-    for (int64_t v = threadIdx.x; v < (q_scalar ? 1 : V); v += kThreads) {
+    for (int64_t v = threadIdx.x; v < (q_scalar ? 1 : V); v += kRowThreads) {
       qbad |= !(f_isfinite(q[v]) && q[v] >= 0.0f);
       qs = f_add(qs, q[v]);
     }
@@ -120,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   if (bad_logits) {
     const float nan = f_nan();
     if (a.probs)
-      for (int64_t v = threadIdx.x; v < V; v += kThreads) a.probs[item * V + v] = nan;
+      for (int64_t v = threadIdx.x; v < V; v += kRowThreads) a.probs[item * V + v] = nan;
     if (threadIdx.x == 0) {
       a.entropy[item] = a.tvd[item] = a.accept_prob[item] = a.distortion[item] = nan;
       a.flags[item] = flags | kFlagBadLogits;
@@ -138,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
     h = entropy_from_sums(w_sum, wl_sum);
   } else if (prm.greedy) {
     int64_t first = V;
-    for (int64_t v = threadIdx.x; v < V; v += kThreads)
+    for (int64_t v = threadIdx.x; v < V; v += kRowThreads)
       if (row.z(v) == m && v < first) first = v;
     row.greedy_token = block_min_i64(first, sh);
   } else {
@@ -152,7 +151,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
     }
     if (prm.log_min_p > -f_inf()) {
       float lowest = m;  // the smallest kept z with z - max >= ln(min_p)
-      for (int64_t v = threadIdx.x; v < V; v += kThreads) {
+      for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
         const float zv = row.z(v);
         if (row.kept(zv) && f_sub(zv, m) >= prm.log_min_p && zv < lowest) lowest = zv;
       }
@@ -161,7 +160,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
       row.has_thr = true;
     }
     float zs = 0.0f, es = 0.0f;
-    for (int64_t v = threadIdx.x; v < V; v += kThreads) {
+    for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
       const float zv = row.z(v);
       if (row.kept(zv)) {
         const float x = f_sub(zv, m);
@@ -176,18 +175,19 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
     h = entropy_from_sums(zsum, ezsum);
   }
 
-  // 4. TVD, sum p, distortion (csd, gate decided below), probs output
+  // 4. TVD, sum p, the rule's per-token distortion terms (csd: gated below), probs output
   const bool one_hot_q = !a.draft_probs && has_draft;
-  const float lambda_h = f_mul(prm.entropy_coef, h);
+  const RuleRow pre = rule_row(prm.rule, prm.rule_params, h, 0.0f);  // lambda*H and s (the gate needs the TVD)
+  const bool token_terms = rule_has_token_terms(prm.rule) && !one_hot_q;
   float sa = 0.0f, sd = 0.0f, sr = 0.0f;
   float* probs_out = a.probs ? a.probs + item * V : nullptr;
-  for (int64_t v = threadIdx.x; v < V; v += kThreads) {
+  for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
     const float pv = row.p(v);
     if (probs_out) probs_out[v] = pv;
     const float qv = q_full ? q[v] : q0;
     const float d = f_sub(pv, qv);
     sa = f_add(sa, fabsf(d));
-    if (row.in_support(v)) sd = f_add(sd, gated_distortion_term(pv, qv, lambda_h));
+    if (token_terms) sd = f_add(sd, rule_distortion_term(pre, pv, qv, row.in_support(v)));
     // the residual's mass (one-hot q: p without the draft token); only "is it positive" is used
     sr = f_add(sr, one_hot_q ? (v == token ? 0.0f : pv) : (d > 0.0f ? d : 0.0f));
   }
@@ -202,11 +202,51 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   if (x_in_support) q_x = a.draft_probs ? (q_full ? q[token] : q0) : 1.0f;
   if (one_hot_q) sum_abs += static_cast<double>(fabsf(f_sub(p_x, 1.0f))) - static_cast<double>(p_x);
   const float tvd = static_cast<float>(0.5 * sum_abs);  // q = 0 (no draft, no draft_probs): TVD = sum p / 2
-  const PositionDecision dec = decide_position(p_x, q_x, h, tvd, has_draft, u_accept, prm);
+  const RuleRow rr = rule_row(prm.rule, prm.rule_params, h, tvd);
+
+  // the rule's term of the draft (lantern: its neighbours' mass; gsd: its group, with every token's a(y))
+  const Row<T>& rw = row;
+  auto p_at = [&rw](int64_t v) { return rw.p(v); };
+  auto q_at = [&](int64_t v) { return q_full ? q[v] : (a.draft_probs ? q0 : (v == token ? 1.0f : 0.0f)); };
+  const bool gsd = prm.rule == kRuleGsd && has_draft;
+  GsdScratch gs{};
+  if (gsd) {
+    gs = gsd_scratch(a.workspace, item, V, next_pow2(V));
+    BlockExec<kRowWarps> ex{sh};
+    gsd_groups(V, static_cast<int64_t>(prm.rule_params[0]), prm.rule_params[1], p_at, q_at, gs, ex);
+  }
+  auto qa_at = [&](int64_t v) { return gsd && rw.in_support(v) ? f_mul(q_at(v), gs.a[v]) : 0.0f; };
+  float extra_x = gsd && x_in_support ? gs.a[token] : 0.0f;
+  if (rule_is_lantern(prm.rule) && x_in_support)  // every thread gathers the same k values (one L1 line each)
+    extra_x = lantern_bonus(prm.neighbours + token * prm.nb_stride, prm.nb_k, V, lantern_limit(rr, p_x), f_inf(),
+                            p_at);
+  const PositionDecision dec = decide_position(rr, p_x, q_x, extra_x, has_draft, u_accept);
   if (dec.accepted) flags |= kFlagAccepted;
   float distortion = 0.0f;
-  if (has_draft && dec.gate_open)
-    distortion = one_hot_q ? (x_in_support ? distortion_term(p_x, 1.0f, lambda_h) : 0.0f) : static_cast<float>(sum_dist);
+  if (!has_draft || rule_lossless(prm.rule)) {
+    distortion = 0.0f;
+  } else if (rule_is_lantern(prm.rule) && !prm.gather_distortion) {
+    distortion = f_nan();  // k gathers per token: only when asked (gather_distortion)
+  } else if (one_hot_q) {
+    const float t = f_sub(dec.accept_prob, p_x);  // q = one-hot(x): the only term is max(a(x) - p(x), 0)
+    distortion = x_in_support && t > 0.0f ? t : 0.0f;
+  } else if (gsd) {
+    float s = 0.0f;
+    for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
+      const float t = f_sub(qa_at(v), p_at(v));
+      s = f_add(s, t > 0.0f ? t : 0.0f);
+    }
+    distortion = static_cast<float>(block_sum(s, sh));
+  } else if (rule_is_lantern(prm.rule)) {
+    float s = 0.0f;
+    for (int64_t v = threadIdx.x; v < V; v += kRowThreads)
+      if (rw.in_support(v))
+        s = f_add(s, lantern_distortion_term(rr, prm.neighbours + v * prm.nb_stride, prm.nb_k, V, p_at(v), q_at(v),
+                                             p_at));
+    distortion = static_cast<float>(block_sum(s, sh));
+  } else if (prm.rule != kRuleCsd || rr.gate) {
+    distortion = static_cast<float>(sum_dist);
+  }
 
   // 5. draws
   const Row<T>& r = row;
@@ -214,7 +254,15 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
   const bool need_from_p = !has_draft || prm.coupling == kCouplingIndependent;
   int64_t from_p = need_from_p ? block_inverse_cdf(w_p, V, u_sample, sh) : -1;
   int64_t resampled = from_p;
-  if (has_draft) {
+  if (gsd) {  // gsd's residual max(p - q*a, 0)
+    auto w_gsd = [&](int64_t v) { return rule_residual(kRuleGsd, p_at(v), 0.0f, qa_at(v)); };
+    float s = 0.0f;
+    for (int64_t v = threadIdx.x; v < V; v += kRowThreads) s = f_add(s, w_gsd(v));
+    if (block_sum(s, sh) > 0.0)
+      resampled = block_inverse_cdf(w_gsd, V, u_sample, sh);
+    else
+      resampled = need_from_p ? from_p : block_inverse_cdf(w_p, V, u_sample, sh);
+  } else if (has_draft) {
     auto w_res = [&r, q, q_full, q0, one_hot_q, token](int64_t v) {
       const float pv = r.p(v);
       if (one_hot_q) return v == token ? 0.0f : pv;
@@ -239,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) verify_position_kernel(csd::VerifyPr
     float best = -f_inf();
     int64_t best_i = V;
     const int64_t groups = (V + 3) / 4;
-    for (int64_t g = threadIdx.x; g < groups; g += kThreads) {
+    for (int64_t g = threadIdx.x; g < groups; g += kRowThreads) {
       const Philox4 bits = gumbel_bits(key, pos, static_cast<uint32_t>(g));
 #pragma unroll
       for (int l = 0; l < 4; ++l) {
@@ -285,7 +333,7 @@ extern "C" int64_t csd_verify_split_block(const csd::VerifyProblem* args) {
   const csd::VerifyProblem& a = *args;
   const char* flag = getenv("CSD_KERNELS_CUDA_SPLIT");
   if (flag == nullptr || strcmp(flag, "1") != 0) return 0;
-  if (a.B * a.L == 0 || a.prm.probs_input) return 0;
+  if (a.B * a.L == 0 || a.prm.probs_input || a.prm.rule == csd::kRuleGsd) return 0;  // gsd sorts the whole row
   if (!a.prm.greedy && (a.prm.top_k > 0 || a.prm.top_p < 1.0f || a.prm.log_min_p > -INFINITY)) return 0;
   constexpr int64_t kBlock = 1024, kMaxSlices = 256;
   int64_t block = kBlock;
@@ -295,6 +343,8 @@ extern "C" int64_t csd_verify_split_block(const csd::VerifyProblem* args) {
 
 extern "C" int64_t csd_verify_workspace_bytes(const csd::VerifyProblem* args) {
   const csd::VerifyProblem& a = *args;
+  if (a.prm.rule == csd::kRuleGsd)  // one gsd scratch per position (keys for the bitonic sort: a power of two)
+    return a.B * a.L * csd::gsd_scratch_bytes(a.prm.vocab, csd::cuda::next_pow2(a.prm.vocab));
   if (a.split_block <= 0) return 0;
   csd::cuda::SplitWorkspace ws;
   return static_cast<int64_t>(
@@ -312,13 +362,13 @@ extern "C" int csd_verify_rows_launch(const csd::VerifyProblem* args, cudaStream
     const dim3 grid(static_cast<unsigned>(items));
     switch (a.logit_dtype) {
       case csd::kLogitF32:
-        verify_position_kernel<float><<<grid, kThreads, 0, stream>>>(a);
+        verify_position_kernel<float><<<grid, kRowThreads, 0, stream>>>(a);
         break;
       case csd::kLogitF16:
-        verify_position_kernel<csd::f16_bits><<<grid, kThreads, 0, stream>>>(a);
+        verify_position_kernel<csd::f16_bits><<<grid, kRowThreads, 0, stream>>>(a);
         break;
       case csd::kLogitBF16:
-        verify_position_kernel<csd::bf16_bits><<<grid, kThreads, 0, stream>>>(a);
+        verify_position_kernel<csd::bf16_bits><<<grid, kRowThreads, 0, stream>>>(a);
         break;
       default:
         return cudaErrorInvalidValue;

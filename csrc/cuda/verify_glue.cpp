@@ -11,15 +11,15 @@ namespace csd {
 
 CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cuda) {
   TORCH_CHECK(target_logits.is_cuda(), "csd_kernels.verify_rows (CUDA): target_logits must be a CUDA tensor");
-  const CheckedArgs a = check_verify_args(target_logits, draft_tokens, draft_probs, uncond_logits, cfg_scale,
-                                          temperature, top_k, rule, entropy_coef, tvd_threshold, start, coupling,
-                                          positions, seed, offset, top_p, min_p, target_is_probs,
+  const CheckedArgs a = check_verify_args(target_logits, draft_tokens, draft_probs, uncond_logits, neighbours,
+                                          cfg_scale, temperature, top_k, top_p, min_p, target_is_probs, rule,
+                                          rule_params, gather_distortion, start, coupling, positions, seed, offset,
                                           target_logits.device());
   const c10::cuda::CUDAGuard guard(target_logits.device());
   PreparedCall call = prepare_call(a, target_logits, draft_tokens, draft_probs, uncond_logits, start, positions, seed,
                                    offset, return_probs);
   call.problem.split_block = csd_verify_split_block(&call.problem);
-  if (call.problem.split_block > 0) {
+  if (csd_verify_workspace_bytes(&call.problem) > 0) {  // the split path's, or gsd's per-position scratch
     call.workspace = at::empty({csd_verify_workspace_bytes(&call.problem)}, target_logits.options().dtype(at::kByte));
     call.problem.workspace = call.workspace.data_ptr();
   }

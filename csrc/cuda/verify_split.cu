@@ -289,7 +289,10 @@ __global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProbl
   const int64_t token = bad_token ? -1 : raw_tok;
   const bool has_draft = token >= 0;
   const DraftRow q = draft_row(a, c.b, c.i, token);
-  const float lambda_h = f_mul(prm.entropy_coef, st.h);
+  const RuleRow pre = rule_row(prm.rule, prm.rule_params, st.h, 0.0f);  // lambda*H and s (the gate needs the TVD)
+  const bool lantern_terms = rule_is_lantern(prm.rule) && prm.gather_distortion;
+  const Row<T>& rw = row;
+  auto p_at = [&rw](int64_t v) { return rw.p(v); };
 
   // ---- this slice's sums
   float sa = 0.0f, sr = 0.0f, sp = 0.0f, sd = 0.0f, sq = 0.0f;
@@ -304,7 +307,11 @@ __global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProbl
     sa = f_add(sa, fabsf(d));
     sr = f_add(sr, d > 0.0f ? d : 0.0f);
     sp = f_add(sp, pv);
-    if (!st.bad && row.in_support(v)) sd = f_add(sd, gated_distortion_term(pv, qv, lambda_h));
+    if (!st.bad && row.in_support(v)) {
+      if (rule_has_token_terms(prm.rule)) sd = f_add(sd, rule_distortion_term(pre, pv, qv, true));
+      if (lantern_terms)  // k gathers per token of the slice
+        sd = f_add(sd, lantern_distortion_term(pre, prm.neighbours + v * prm.nb_stride, prm.nb_k, V, pv, qv, p_at));
+    }
     sq = f_add(sq, qv);
   }
   const double abs_s = block_sum(sa, sh), res_s = block_sum(sr, sh), p_s = block_sum(sp, sh);
@@ -345,10 +352,17 @@ __global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProbl
     const bool x_in_support = has_draft && row.in_support(token);
     const float q_x = !x_in_support ? 0.0f : (!q.q ? 1.0f : (sums.bad_q ? 0.0f : q.at(token)));
     const float tvd = static_cast<float>(0.5 * (sums.bad_q ? sums.p : sums.abs));
-    const PositionDecision dec = decide_position(p_x, q_x, st.h, tvd, has_draft, u_accept, prm);
+    const RuleRow rr = rule_row(prm.rule, prm.rule_params, st.h, tvd);
+    float extra_x = 0.0f;
+    if (rule_is_lantern(prm.rule) && q_x > 0.0f)  // the draft's neighbours' mass: k gathers
+      extra_x = lantern_bonus(prm.neighbours + token * prm.nb_stride, prm.nb_k, V, lantern_limit(rr, p_x), f_inf(),
+                              p_at);
+    const PositionDecision dec = decide_position(rr, p_x, q_x, extra_x, has_draft, u_accept);
     if (dec.accepted) flags |= kFlagAccepted;
-    const float distortion =
-        (has_draft && dec.gate_open && !sums.bad_q) ? static_cast<float>(sums.dist) : 0.0f;
+    float distortion = 0.0f;  // the slices summed the rule's terms (gsd never runs split)
+    if (has_draft && !sums.bad_q && !rule_lossless(prm.rule) && (prm.rule != kRuleCsd || rr.gate))
+      distortion = static_cast<float>(sums.dist);
+    if (has_draft && rule_is_lantern(prm.rule) && !prm.gather_distortion) distortion = f_nan();
 
     const Row<T>& r = row;
     auto w_p = [&r](int64_t v) { return r.p(v); };

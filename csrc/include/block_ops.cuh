@@ -13,6 +13,9 @@ namespace csd {
 namespace cuda {
 
 constexpr unsigned kFull = 0xffffffffu;
+// The block of the kernels that give one row or position a whole block (verify.cu's chain, verify_tree.cu's tree).
+constexpr int kRowThreads = 512;
+constexpr int kRowWarps = kRowThreads / 32;
 
 template <int W>
 struct BlockShared {
@@ -280,6 +283,95 @@ __device__ int64_t block_inverse_cdf(Wt w, int64_t V, float u, BlockShared<W>& s
   if (result < 0) result = last_positive(w, 0, V, sh);
   return result < 0 ? 0 : result;
 }
+
+// Ascending bitonic sort of keys[0, n2) (n2 a power of two) in global memory, by the whole block.
+template <int W>
+__device__ void block_bitonic_sort(uint64_t* keys, int64_t n2) {
+  for (int64_t size = 2; size <= n2; size <<= 1)
+    for (int64_t stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int64_t i = threadIdx.x; i < n2 / 2; i += W * 32) {
+        const int64_t lo = 2 * stride * (i / stride) + i % stride, hi = lo + stride;
+        const uint64_t a = keys[lo], b = keys[hi];
+        if ((a > b) == ((lo & size) == 0)) {
+          keys[lo] = b;
+          keys[hi] = a;
+        }
+      }
+      __syncthreads();
+    }
+}
+
+CSD_HD int64_t next_pow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+// The executor of the shared row headers (tree_row.h, gsd_row.h) on one thread block: every method is called by
+// every thread and returns the same value to all of them.
+template <int W>
+struct BlockExec {
+  BlockShared<W>& sh;
+  static constexpr int kThreads = W * 32;
+
+  template <class F>
+  __device__ void each(int64_t n, F f) const {
+    for (int64_t v = threadIdx.x; v < n; v += kThreads) f(v);
+  }
+  template <class F>
+  __device__ double sum(int64_t n, F f) const {
+    double s = 0.0;
+    for (int64_t v = threadIdx.x; v < n; v += kThreads) s += static_cast<double>(f(v));
+    return block_sum(s, sh);
+  }
+  template <class F>
+  __device__ float max(int64_t n, F f) const {
+    float m = -f_inf();
+    for (int64_t v = threadIdx.x; v < n; v += kThreads) {
+      const float x = f(v);
+      m = x > m ? x : m;
+    }
+    return block_max(m, sh);
+  }
+  template <class F>
+  __device__ bool any(int64_t n, F f) const {
+    bool hit = false;
+    for (int64_t v = threadIdx.x; v < n; v += kThreads) hit |= static_cast<bool>(f(v));
+    return block_any(hit, sh);
+  }
+  __device__ int64_t argmax_first(const float* z, int64_t n) const {
+    float best = -f_inf();
+    int64_t idx = n;
+    for (int64_t v = threadIdx.x; v < n; v += kThreads)
+      if (idx == n || z[v] > best) best = z[v], idx = v;
+    const int64_t found = block_argmax(best, idx, sh);
+    return found < n ? found : 0;
+  }
+  __device__ float kth_largest(const float* z, int64_t n, int64_t k) const {
+    return block_kth_largest([z](int64_t v) { return z[v]; }, n, k, sh);
+  }
+  __device__ int64_t inverse_cdf(const float* w, int64_t n, float u) const {
+    return block_inverse_cdf([w](int64_t v) { return w[v]; }, n, u, sh);
+  }
+  // keys[0, n) sorted ascending; keys has room for next_pow2(n) (padded here with the largest key).
+  __device__ void sort(uint64_t* keys, int64_t n) const {
+    const int64_t n2 = next_pow2(n);
+    for (int64_t v = n + threadIdx.x; v < n2; v += kThreads) keys[v] = ~uint64_t(0);
+    __syncthreads();
+    block_bitonic_sort<W>(keys, n2);
+  }
+  // out[0] = 0, out[i + 1] = float(fp64 sum of w[0..i]) (per-thread chunks after a block scan of their sums).
+  __device__ void scan(const float* w, int64_t n, float* out) const {
+    double total;
+    const Chunk c = chunk_prefix([w](int64_t v) { return w[v]; }, 0, n, &total, sh);
+    double run = c.before;
+    for (int64_t v = c.begin; v < c.end; ++v) out[v + 1] = static_cast<float>(run += static_cast<double>(w[v]));
+    if (threadIdx.x == 0) out[0] = 0.0f;
+    __syncthreads();
+  }
+  __device__ void barrier() const { __syncthreads(); }
+  __device__ bool leader() const { return threadIdx.x == 0; }
+};
 
 }  // namespace cuda
 }  // namespace csd

@@ -11,12 +11,15 @@
 //   any(n, f)             whether f(v) holds for some v          barrier()  scratch writes visible to all threads
 //   argmax_first(z, n)    first index of max z                   kth_largest(z, n, k)  k-th largest z (ties counted)
 //   inverse_cdf(w, n, u)  reference.inverse_cdf_sample (fp64 prefix sums)   leader()  the thread that writes outputs
+//   sort(keys, n), scan(w, n, out)  gsd's groups (gsd_row.h)
 // No torch headers.
 #pragma once
 
 #include <stdint.h>
 
+#include "gsd_row.h"
 #include "philox.h"
+#include "rules.h"
 #include "verify_row.h"
 
 namespace csd {
@@ -24,7 +27,7 @@ namespace csd {
 // One tree verification call described by raw pointers (the torch glue is csrc/tree_glue.h).
 struct TreeProblem {
   int64_t B, S, M, K;    // rows, slots, draft levels (main-chain nodes), branching (children per node)
-  VerifyParams prm;      // vocab, CFG, temperature, top-k / top-p / min-p, rule, lambda, tau (coupling unused)
+  VerifyParams prm;      // vocab, CFG, temperature, top-k / top-p / min-p, the rule (coupling unused)
   int logit_dtype;       // LogitDtype
   const void* logits;    // [B, S, V], last-dim stride 1
   int64_t lg_sB, lg_sS;
@@ -39,6 +42,8 @@ struct TreeProblem {
   const int64_t* offset;        // [n_offset]: 1 or B (the row's attempt count)
   int64_t n_offset;
   float* workspace;             // [B, 3, V] scratch: z, then p_j, q_j of the visited node
+  void* gsd_workspace;          // gsd: B blocks of gsd_scratch_bytes(V, gsd_keys), else nullptr
+  int64_t gsd_keys;
   int64_t* accept_len;          // [B]
   int64_t *path, *tokens;       // [B, M + 1]
   float *accept_prob, *entropy, *tvd, *distortion;  // [B, M + 1]
@@ -135,21 +140,19 @@ CSD_HD NodeTarget node_target(const TreeProblem& P, const T* c, const T* u, floa
   return n;
 }
 
-// One rejected candidate x of recursive rejection sampling (reference.rrs_step): p <- norm(max(p - q, 0)) (p when
-// that is all zero), q <- `rest` without x, renormalised (zero when nothing is left). Writes p_out and q_out.
-template <class X>
-CSD_HD void reject_candidate(const float* p, const float* q, const float* rest, int64_t x, int64_t V, float* p_out,
-                             float* q_out, X& ex) {
-  const float mass = static_cast<float>(ex.sum(V, [&](int64_t v) {
-    const float d = f_sub(p[v], q[v]);
-    return d > 0.0f ? d : 0.0f;
-  }));
+// One rejected candidate x of recursive rejection sampling (reference.rrs_step): p <- norm(w) with w(v) = the
+// resampling weight (rules.h's rule_residual: max(p - q, 0), gsd's max(p - q*a, 0) with qa(v) = q(v)*a(v); p when w
+// is all zero), q <- `rest` without x, renormalised (zero when nothing is left). Writes p_out and q_out.
+template <class X, class QA>
+CSD_HD void reject_candidate(int rule, const float* p, const float* q, const float* rest, int64_t x, int64_t V,
+                             float* p_out, float* q_out, QA qa, X& ex) {
+  const float mass = static_cast<float>(ex.sum(V, [&](int64_t v) { return rule_residual(rule, p[v], q[v], qa(v)); }));
   const float left = static_cast<float>(ex.sum(V, [&](int64_t v) { return v == x ? 0.0f : rest[v]; }));
   ex.barrier();  // p or q may be p_out / q_out: every thread has read them
   ex.each(V, [&](int64_t v) {
-    const float d = f_sub(p[v], q[v]);
+    const float w = rule_residual(rule, p[v], q[v], qa(v));
     const float r = v == x ? 0.0f : rest[v];
-    p_out[v] = mass > 0.0f ? f_div(d > 0.0f ? d : 0.0f, mass) : p[v];
+    p_out[v] = mass > 0.0f ? f_div(w, mass) : p[v];
     q_out[v] = left > 0.0f ? f_div(r, left) : 0.0f;
   });
   ex.barrier();
@@ -178,28 +181,49 @@ CSD_HD void tree_row(const TreeProblem& P, int64_t b, X& ex) {
   }
   int32_t status = 0;
   int64_t cur = 0, accept_len = M;
+  const GsdScratch gs = P.gsd_workspace ? gsd_scratch(P.gsd_workspace, b, V, P.gsd_keys) : GsdScratch{};
   for (int64_t i = 0; i <= M; ++i) {
     const T* c = static_cast<const T*>(P.logits) + b * P.lg_sB + cur * P.lg_sS;
     const T* u = P.uncond ? static_cast<const T*>(P.uncond) + b * P.un_sB + cur * P.un_sS : nullptr;
     const NodeTarget n = node_target<T>(P, c, u, z, pj, ex);
     if (n.bad) status |= kStatusBadLogits;
 
-    // stats at the node: H, TVD against this level's q (q = 0 below the last level), csd's closed-form distortion
+    // stats at the node: H, TVD against this level's q (q = 0 below the last level), the rule's distortion
     const int64_t level = i < M ? i : M - 1;
     const float* q = P.draft_probs + (b * M + level) * V;
-    const float lambda_h = f_mul(prm.entropy_coef, n.h);
     const float tvd = static_cast<float>(0.5 * ex.sum(V, [&](int64_t v) {
       const float d = f_sub(pj[v], q[v]);
       return d >= 0.0f ? d : -d;
     }));
+    const RuleRow rr = rule_row(prm.rule, prm.rule_params, n.h, tvd);
     const int64_t main_child = P.children[cur * K];
     const bool has_draft = main_child >= 0 && tokens_in[main_child] >= 0 && tokens_in[main_child] < V;
-    const bool gate_open = prm.rule == kRuleCsd && tvd < prm.tvd_threshold;
+    const bool gsd = prm.rule == kRuleGsd && i < M && has_draft;
+    if (gsd)  // the groups of the node's p and q: the main draft's a(x) and the gsd residual
+      gsd_groups(V, static_cast<int64_t>(prm.rule_params[0]), prm.rule_params[1], [&](int64_t v) { return pj[v]; },
+                 [&](int64_t v) { return q[v]; }, gs, ex);
+    auto qa = [&](int64_t v) { return gsd && n.in_support(z, v) ? f_mul(q[v], gs.a[v]) : 0.0f; };
     float distortion = 0.0f;
-    if (i < M && has_draft && gate_open)
-      distortion = static_cast<float>(ex.sum(V, [&](int64_t v) {
-        return n.in_support(z, v) ? gated_distortion_term(pj[v], q[v], lambda_h) : 0.0f;
-      }));
+    if (i < M && has_draft && !rule_lossless(prm.rule)) {
+      if (rule_is_lantern(prm.rule) && !prm.gather_distortion) {
+        distortion = f_nan();  // k gathers per token: only when asked (gather_distortion)
+      } else if (rule_is_lantern(prm.rule)) {
+        distortion = static_cast<float>(ex.sum(V, [&](int64_t v) {
+          return n.in_support(z, v) ? lantern_distortion_term(rr, prm.neighbours + v * prm.nb_stride, prm.nb_k, V,
+                                                               pj[v], q[v], [&](int64_t t) { return pj[t]; })
+                                    : 0.0f;
+        }));
+      } else if (gsd) {
+        distortion = static_cast<float>(ex.sum(V, [&](int64_t v) {
+          const float t = f_sub(qa(v), pj[v]);
+          return t > 0.0f ? t : 0.0f;
+        }));
+      } else if (prm.rule != kRuleCsd || rr.gate) {
+        distortion = static_cast<float>(ex.sum(V, [&](int64_t v) {
+          return rule_distortion_term(rr, pj[v], q[v], n.in_support(z, v));
+        }));
+      }
+    }
     const float tvd_out = i < M ? tvd : static_cast<float>(0.5 * ex.sum(V, [&](int64_t v) { return pj[v]; }));
     if (ex.leader()) {
       P.entropy[out0 + i] = n.h;
@@ -217,18 +241,22 @@ CSD_HD void tree_row(const TreeProblem& P, int64_t b, X& ex) {
       if (slot < 0) continue;
       const int64_t x = tokens_in[slot];
       if (x < 0 || x >= V) continue;  // a missing candidate changes nothing
-      const float p_x = pj[x], q_x = qc[x];
-      float a = 0.0f;
-      if (n.in_support(z, x))  // the main draft by the rule (csd: + lambda*H where TVD < tau), siblings strict
-        a = acceptance_probability(p_x, q_x, n.h, tvd, r == 0 ? prm.rule : kRuleStrict, prm.entropy_coef,
-                                   prm.tvd_threshold);
+      const float p_x = pj[x], q_x = n.in_support(z, x) ? qc[x] : 0.0f;
+      float a = strict_acceptance(p_x, q_x);
+      if (r == 0) {  // the main draft by the rule (e.g. csd: + lambda*H where TVD < tau), siblings strict
+        float extra = gsd ? gs.a[x] : 0.0f;
+        if (rule_is_lantern(prm.rule) && q_x > 0.0f)
+          extra = lantern_bonus(prm.neighbours + x * prm.nb_stride, prm.nb_k, V, lantern_limit(rr, p_x), f_inf(),
+                                [&](int64_t t) { return pj[t]; });
+        a = rule_acceptance(rr, p_x, q_x, extra);
+      }
       const Philox4 bits = tree_bits(key, static_cast<uint32_t>(slot), offset);
       if (uniform_from_bits(bits.x[0]) < a) {
         chosen = slot;
         chosen_a = a;
         break;
       }
-      reject_candidate(pj, qc, r == 0 ? rest_main : qc, x, V, pj, qj, ex);
+      reject_candidate(r == 0 ? prm.rule : kRuleStrict, pj, qc, r == 0 ? rest_main : qc, x, V, pj, qj, qa, ex);
       qc = qj;
     }
     if (chosen < 0) {  // emit a draw from the last residual (from p when nothing was tested) and stop

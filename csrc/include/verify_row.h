@@ -1,29 +1,23 @@
 // The per-(row, position) maths of CSD verification, shared by the CPU and CUDA kernels.
 //
 // csd_kernels/reference/ is the definition; this header holds the scalar pieces every backend composes:
-// logit loading (fp32 / fp16 / bf16 -> fp32), the CFG mix and temperature scale, the acceptance rule a(x), the
-// closed-form distortion term, the entropy from the softmax sums, the per-position decision and the per-row
-// epilogue (accept_len, token selection, status bits). All maths is fp32 (the inverse-CDF prefix sums are fp64, like
-// torch.cumsum on the CPU). Products and sums that decide anything are written with round-to-nearest intrinsics on the
-// device so nvcc cannot contract them into FMAs (the host build uses -ffp-contract=off for the same reason).
+// logit loading (fp32 / fp16 / bf16 -> fp32), the CFG mix and temperature scale, the entropy from the softmax sums,
+// the per-position decision (by the rules of rules.h) and the per-row epilogue (accept_len, token selection, status
+// bits). All maths is fp32 (the inverse-CDF prefix sums are fp64, like torch.cumsum on the CPU), without contraction
+// (ieee.h).
 // No torch headers.
 #pragma once
 
 #include <stdint.h>
 #include <string.h>
 
+#include "ieee.h"
 #include "philox.h"
-
-#if defined(__CUDACC__) || defined(__HIPCC__)
-#include <math.h>
-#else
-#include <cmath>
-#endif
+#include "rules.h"
 
 namespace csd {
 
 // ---- conventions of the op (mirrored in python/bindings.cpp and the Python wrapper) --------------------------------
-enum Rule : int { kRuleStrict = 0, kRuleCsd = 1 };
 enum Coupling : int { kCouplingIndependent = 0, kCouplingMaximal = 1, kCouplingGumbel = 2 };
 enum LogitDtype : int { kLogitF32 = 0, kLogitF16 = 1, kLogitBF16 = 2 };
 
@@ -39,37 +33,6 @@ constexpr uint32_t kFlagBadLogits = 2u;
 constexpr uint32_t kFlagHasDraft = 4u;
 constexpr uint32_t kFlagBadToken = 8u;
 constexpr uint32_t kFlagBadProbs = 16u;
-
-// ---- IEEE arithmetic without contraction ----------------------------------------------------------------------------
-#if defined(__CUDA_ARCH__)
-CSD_HD float f_add(float a, float b) { return __fadd_rn(a, b); }
-CSD_HD float f_sub(float a, float b) { return __fsub_rn(a, b); }
-CSD_HD float f_mul(float a, float b) { return __fmul_rn(a, b); }
-CSD_HD float f_div(float a, float b) { return __fdiv_rn(a, b); }
-CSD_HD float bits_to_float(uint32_t x) { return __uint_as_float(x); }
-CSD_HD uint32_t float_to_bits(float x) { return __float_as_uint(x); }
-CSD_HD bool f_isfinite(float x) { return isfinite(x); }
-CSD_HD float f_nan() { return __int_as_float(0x7fc00000); }
-CSD_HD float f_inf() { return __int_as_float(0x7f800000); }
-#else
-CSD_HD float f_add(float a, float b) { return a + b; }
-CSD_HD float f_sub(float a, float b) { return a - b; }
-CSD_HD float f_mul(float a, float b) { return a * b; }
-CSD_HD float f_div(float a, float b) { return a / b; }
-CSD_HD float bits_to_float(uint32_t x) {
-  float f;
-  memcpy(&f, &x, sizeof f);
-  return f;
-}
-CSD_HD uint32_t float_to_bits(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  return u;
-}
-CSD_HD bool f_isfinite(float x) { return std::isfinite(x); }
-CSD_HD float f_nan() { return bits_to_float(0x7fc00000u); }
-CSD_HD float f_inf() { return bits_to_float(0x7f800000u); }
-#endif
 
 // ---- logit loading: fp32 / fp16 / bf16 -> fp32 (exact) --------------------------------------------------------------
 struct f16_bits {
@@ -116,9 +79,11 @@ struct VerifyParams {
   int greedy;             // temperature == 0
   float inv_temperature;  // float(1/T) (double division, rounded once to fp32), as reference.mixed_logits
   int64_t top_k;          // 0 or >= vocab: no restriction
-  int rule;               // kRuleStrict / kRuleCsd
-  float entropy_coef;     // lambda
-  float tvd_threshold;    // tau
+  int rule;               // csd::Rule (rules.h)
+  float rule_params[kMaxRuleParams];  // the rule's parameters, in config/acceptance.py's order
+  int gather_distortion;  // compute the distortion of rules that need gathers for it (lantern); else NaN
+  const int64_t* neighbours;  // [V, nb_k] with row stride nb_stride (lantern), else nullptr
+  int64_t nb_stride, nb_k;
   int coupling;         // kCoupling*
   float top_p;          // 1: no restriction (reference.restrict_top_p)
   float log_min_p;      // float32(ln min_p); -inf: no restriction (reference.restrict_min_p)
@@ -146,39 +111,6 @@ CSD_HD float masked_mix_logit(float c, float u, const VerifyParams& prm, bool* b
   return masked ? -f_inf() : z;
 }
 
-// Sortable key of a float (monotone: a < b <=> key(a) < key(b); -0 sorts just below +0).
-CSD_HD uint32_t float_order_key(float f) {
-  const uint32_t b = float_to_bits(f);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-CSD_HD float float_from_order_key(uint32_t k) { return bits_to_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
-
-// a(x) = min(1, p/q [+ lambda*H if csd and TVD < tau]); 0 when q = 0 (reference.acceptance_probability).
-CSD_HD float acceptance_probability(float p_x, float q_x, float h, float tvd, int rule, float entropy_coef,
-                                    float tvd_threshold) {
-  float ratio = q_x > 0.0f ? f_div(p_x, q_x) : 0.0f;
-  if (rule == kRuleCsd && tvd < tvd_threshold) ratio = q_x > 0.0f ? f_add(ratio, f_mul(entropy_coef, h)) : 0.0f;
-  return ratio > 1.0f ? 1.0f : ratio;
-}
-
-// One term of the closed-form distortion: max(q*a(y) - min(p, q), 0) with a(y) the gated (csd) acceptance;
-// lambda_h = entropy_coef * H when the gate is open (callers only sum this when it is).
-CSD_HD float distortion_term(float p, float q, float lambda_h) {
-  float a = q > 0.0f ? f_add(f_div(p, q), lambda_h) : 0.0f;
-  a = a > 1.0f ? 1.0f : a;
-  const float t = f_sub(f_mul(q, a), p < q ? p : q);
-  return t > 0.0f ? t : 0.0f;
-}
-
-// The per-token term of the closed-form distortion with the csd gate open, division free: for p < q it is
-// min(q - p, lambda_h * q) (= q * min(1, p/q + lambda_h) - p), and 0 where p >= q.
-CSD_HD float gated_distortion_term(float p, float q, float lambda_h) {
-  if (!(p < q)) return 0.0f;
-  const float gap = f_sub(q, p), cap = f_mul(q, lambda_h);
-  const float t = gap < cap ? gap : cap;
-  return t > 0.0f ? t : 0.0f;
-}
-
 // Entropy of p = e / Z with e = exp(z - max): H = ln Z - (1/Z) * sum e*(z - max)  (= -sum p ln p), clamped at 0.
 CSD_HD float entropy_from_sums(double z_sum, double ez_sum) {
   const double h = log(z_sum) - ez_sum / z_sum;
@@ -191,24 +123,23 @@ CSD_HD int64_t sanitized_draft_token(int64_t tok, int64_t vocab) {
   return draft_token_is_bad(tok, vocab) ? int64_t(-1) : tok;
 }
 
-// The decision of one position from its reductions.
+// The decision of one position: the rule's a(x) (rules.h) and the strict one (for coupling = maximal).
 struct PositionDecision {
-  float accept_prob;  // a(x) under `rule`
-  float strict_prob;  // a(x) under strict (for coupling = maximal)
+  float accept_prob;  // a(x) under the rule
+  float strict_prob;  // min(1, p(x)/q(x))
   bool accepted;      // has_draft && u_accept < a(x)
   bool keep_draft;    // has_draft && u_accept < strict_prob
-  bool gate_open;     // csd and TVD < tau: the distortion sum uses the relaxed acceptance
 };
 
-CSD_HD PositionDecision decide_position(float p_x, float q_x, float h, float tvd, bool has_draft, float u_accept,
-                                        const VerifyParams& prm) {
+// q_x = 0 when there is no usable draft (no token, q(x) = 0 or x outside the support); extra_x: rule_acceptance's.
+CSD_HD PositionDecision decide_position(const RuleRow& rr, float p_x, float q_x, float extra_x, bool has_draft,
+                                        float u_accept) {
   PositionDecision d;
   if (!has_draft) q_x = 0.0f;
-  d.accept_prob = acceptance_probability(p_x, q_x, h, tvd, prm.rule, prm.entropy_coef, prm.tvd_threshold);
-  d.strict_prob = acceptance_probability(p_x, q_x, h, tvd, kRuleStrict, prm.entropy_coef, prm.tvd_threshold);
+  d.accept_prob = rule_acceptance(rr, p_x, q_x, extra_x);
+  d.strict_prob = strict_acceptance(p_x, q_x);
   d.accepted = has_draft && u_accept < d.accept_prob;
   d.keep_draft = has_draft && u_accept < d.strict_prob;
-  d.gate_open = prm.rule == kRuleCsd && tvd < prm.tvd_threshold;
   return d;
 }
 

@@ -16,6 +16,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...config.acceptance import RULES
+
 __all__ = ["Variant", "ResourceReport", "variants", "compile_variant", "compile_tree_kernel", "format_table"]
 
 _DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -31,23 +33,25 @@ class Variant:
     has_q: bool = True
     greedy: bool = False
     top_k: bool = False
-    csd_rule: bool = True
+    rule: str = "csd"  # config/acceptance.py's name
     coupling: int = 0  # 0 independent, 1 maximal, 2 gumbel
     return_probs: bool = True
     logits_dtype: str = "bfloat16"
     top_p: bool = False  # top-p and min-p (the per-position paths)
     target_probs: bool = False  # probabilities instead of logits (float32, no CFG)
     int_words: bool = False  # seed and offset as int64 kernel arguments (an eager call's ints), not pointers
+    gather_distortion: bool = False  # lantern's distortion (k gathers per token)
 
     @property
     def label(self) -> str:
         parts = [f"V={self.vocab}", "cfg" if self.has_uncond else "nocfg",
                  "q" if self.has_q else "onehot", "greedy" if self.greedy else ("topk" if self.top_k else "full"),
-                 "csd" if self.csd_rule else "strict", ("indep", "maximal", "gumbel")[self.coupling],
+                 self.rule, ("indep", "maximal", "gumbel")[self.coupling],
                  "probs" if self.return_probs else "noprobs"]
         parts += ["top-p/min-p"] if self.top_p else []
         parts += ["target-probs"] if self.target_probs else []
         parts += ["int seed"] if self.int_words else []
+        parts += ["gather-distortion"] if self.gather_distortion else []
         return " ".join(parts)
 
 
@@ -63,16 +67,23 @@ class ResourceReport:
     stack_bytes: int
 
 
-def variants(vocabs=(8192, 16384, 65536)) -> list[Variant]:
+def variants(vocabs=(8192, 16384, 65536), rules=tuple(r.name for r in RULES)) -> list[Variant]:
     """The variants worth watching: the heaviest (CFG + q + top-k + csd + gumbel, the register / chunked path), the
-    common one, gumbel without probs, greedy, one-hot (the split path)."""
+    common one, gumbel without probs, greedy, one-hot (the split path); then each relaxed rule of ``rules`` but csd on
+    the common variant and, for lantern, with its gathered distortion (gsd: the register path only, V <= 16384)."""
     out = []
     for vocab in vocabs:
         out.append(Variant(vocab, top_k=True, coupling=2))
         out.append(Variant(vocab))
         out.append(Variant(vocab, coupling=2, return_probs=False))
         out.append(Variant(vocab, greedy=True))
-        out.append(Variant(vocab, has_q=False, csd_rule=False, has_uncond=False))
+        out.append(Variant(vocab, has_q=False, rule="strict", has_uncond=False))
+        for rule in rules:
+            if rule == "gsd" and vocab > 16384 or rule in ("strict", "csd"):
+                continue
+            out.append(Variant(vocab, rule=rule))
+            if rule.startswith("lantern"):
+                out.append(Variant(vocab, rule=rule, top_k=True, gather_distortion=True))
     return out
 
 
@@ -80,8 +91,9 @@ _POINTERS = {"q_ptr": "*fp32", "draft_ptr": "*i64", "start_ptr": "*i64", "positi
              "offset_ptr": "*i64", "probs_ptr": "*fp32", "ent_ptr": "*fp32", "tvd_ptr": "*fp32", "acc_ptr": "*fp32",
              "dist_ptr": "*fp32", "res_ptr": "*i32", "later_ptr": "*i32", "flags_ptr": "*i32", "stats_ptr": "*fp32",
              "index_ptr": "*i32", "sums_ptr": "*fp32", "bad_q_ptr": "*i32", "position_count_ptr": "*i32",
-             "row_count_ptr": "*i32", "tokens_ptr": "*i64", "accept_len_ptr": "*i32", "status_ptr": "*i32"}
-_FLOATS = {"cfg_scale", "inv_t", "entropy_coef", "tvd_threshold", "top_p", "log_min_p"}
+             "row_count_ptr": "*i32", "tokens_ptr": "*i64", "accept_len_ptr": "*i32", "status_ptr": "*i32",
+             "nb_ptr": "*i64", "gsd_ptr": "*fp32"}
+_FLOATS = {"cfg_scale", "inv_t", "rule_p0", "rule_p1", "top_p", "log_min_p"}
 
 
 def _signature(kernel, variant: Variant, constexprs: dict) -> dict:
@@ -136,15 +148,17 @@ def _ptxas_report(ptx: str, arch: int) -> dict:
 
 def _kernels(variant: Variant):
     """[(jit kernel, constexprs, num_warps)] the launcher would run for ``variant``."""
+    from ...config.acceptance import RULE_CODES
     from . import verify as tv
     from .kernels import chunked, register, split
 
     nucleus = variant.top_p and not variant.greedy
     chosen = tv.plan(variant.positions, variant.vocab, (variant.top_k and not variant.greedy) or nucleus
-                     or variant.target_probs)
+                     or variant.target_probs or variant.rule == "gsd")
     flags = {"HAS_UNCOND": variant.has_uncond, "HAS_Q": variant.has_q, "GREEDY": variant.greedy,
-             "CSD_RULE": variant.csd_rule, "COUPLING": variant.coupling, "RETURN_PROBS": variant.return_probs,
-             "PER_ROW_SEED": False, "SEED_VALUE": variant.int_words, "OFFSET_VALUE": variant.int_words}
+             "RULE": RULE_CODES[variant.rule], "COUPLING": variant.coupling, "RETURN_PROBS": variant.return_probs,
+             "PER_ROW_SEED": False, "SEED_VALUE": variant.int_words, "OFFSET_VALUE": variant.int_words,
+             "GATHER_DIST": variant.gather_distortion}
     if chosen.path != "split":
         kernel = register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel
         return [(kernel, dict(flags, TOP_K=variant.top_k and not variant.greedy, BLOCK_V=chosen.block, TOP_P=nucleus,
@@ -193,19 +207,20 @@ def compile_tree_candidates_kernel(vocab: int = 16384, branching: int = 3, arch:
     return ResourceReport(f"tree candidates V={vocab} K={branching}", "tree_candidates_kernel", block, 4, **resources)
 
 
-def compile_tree_kernel(vocab: int = 16384, *, greedy: bool = False, top_k: bool = False, csd_rule: bool = True,
+def compile_tree_kernel(vocab: int = 16384, *, greedy: bool = False, top_k: bool = False, rule: str = "csd",
                         logits_dtype: str = "bfloat16", arch: int = 90) -> ResourceReport:
     """The tree verification kernel (kernels/tree.py) with CFG, as verify_tree.py launches it."""
+    from ...config.acceptance import RULE_CODES
     from .kernels.tree import tree_kernel
     from .verify import register_num_warps
     from .verify_tree import tree_block
 
     block = tree_block(vocab)
     constexprs = {"HAS_UNCOND": True, "GREEDY": greedy, "TOP_K": top_k and not greedy, "TOP_P": top_k and not greedy,
-                  "MIN_P": top_k and not greedy, "CSD_RULE": csd_rule, "PER_ROW_SEED": True, "BLOCK_V": block,
-                  "BLOCK_M": 64, "s_qv": 1, "s_sv": 1}
+                  "MIN_P": top_k and not greedy, "RULE": RULE_CODES[rule], "PER_ROW_SEED": True, "BLOCK_V": block,
+                  "BLOCK_M": 64, "s_qv": 1, "s_sv": 1, "GATHER_DIST": False}
     logits = "*" + _DTYPE[logits_dtype]
-    floats = {"cfg_scale", "inv_t", "top_p", "log_min_p", "entropy_coef", "tvd_threshold"}
+    floats = {"cfg_scale", "inv_t", "top_p", "log_min_p", "rule_p0", "rule_p1"}
     signature = {}
     for name in tree_kernel.arg_names:
         if name in constexprs:
@@ -223,7 +238,7 @@ def compile_tree_kernel(vocab: int = 16384, *, greedy: bool = False, top_k: bool
     num_warps = register_num_warps(block)
     resources = _compile(tree_kernel, signature, constexprs, num_warps, arch)
     label = (f"tree V={vocab} cfg {'greedy' if greedy else 'top-k/p/min-p' if top_k else 'full'} "
-             f"{'csd' if csd_rule else 'strict'} {_DTYPE[logits_dtype]}")
+             f"{rule} {_DTYPE[logits_dtype]}")
     return ResourceReport(label, "tree_kernel", block, num_warps, **resources)
 
 

@@ -26,9 +26,12 @@ import math
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Optional
 
 import torch
+
+from ...config.acceptance import RULE_CODES
+from ..spec import VerifyArgs
 
 try:  # pragma: no cover - exercised by whichever environment imports us
     import triton
@@ -42,6 +45,7 @@ except Exception as exc:  # pragma: no cover
     _TRITON_ERROR = f"{type(exc).__name__}: {exc}"
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+GSD_CODE = RULE_CODES["gsd"]
 
 REGISTER_MAX_BLOCK = 16384  # largest V kept entirely in registers (one HBM read)
 CHUNK_V = 4096  # chunk of the chunked path
@@ -120,75 +124,58 @@ def fp32(value: float) -> float:
         return float("inf") if value > 0 else float("-inf")
 
 
-def verify_triton(
-    target_logits: torch.Tensor,
-    draft_tokens: torch.Tensor,
-    draft_probs: Optional[torch.Tensor],
-    uncond_logits: Optional[torch.Tensor],
-    cfg_scale: float,
-    temperature: float,
-    top_k: int,
-    rule: int,
-    entropy_coef: float,
-    tvd_threshold: float,
-    start: torch.Tensor,
-    coupling: int,
-    positions: torch.Tensor,
-    seed: Union[int, torch.Tensor],
-    offset: Union[int, torch.Tensor],
-    return_probs: bool,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
-    target_is_probs: bool = False,
-    packed_outputs: bool = False,
-):
-    """Triton verification step on validated arguments (see module docstring); no host synchronisation.
+def verify_triton(a: VerifyArgs, packed_outputs: bool = False):
+    """Triton verification step on validated arguments (backends/spec.py; see module docstring); no host
+    synchronisation.
 
     Returns (accept_len int32 [B], tokens int64 [B, L], probs float32 [B, L, V] or an empty (0,) tensor,
     entropy, tvd, accept_prob, distortion float32 [B, L], status int32 [B]).
-    ``seed`` / ``offset``: int64 tensors of 1 or B elements, or a signed int64 word passed as a kernel argument.
+    ``a.seed`` / ``a.offset``: int64 tensors of 1 or B elements, or a signed int64 word passed as a kernel argument.
     ``packed_outputs``: the four [B, L] statistics are views of one allocation and accept_len / status of another
     (fewer allocations per eager call); the registered op keeps them separate (its outputs may not alias).
     """
     if triton is None:  # pragma: no cover
         raise RuntimeError(f"triton is not importable ({_TRITON_ERROR})")
-    B, L, V = target_logits.shape
-    device = target_logits.device
-    out = _allocate_outputs(B, L, V, device, return_probs, packed_outputs)
+    B, L, V = a.target_logits.shape
+    device = a.target_logits.device
+    out = _allocate_outputs(B, L, V, device, a.return_probs, packed_outputs)
     if B * L == 0:
         out["accept_len"].fill_(L)
         out["status"].zero_()
     else:
-        greedy = temperature == 0
-        has_q = draft_probs is not None
-        seed, offset, start, positions = _flat(seed), _flat(offset), _flat(start), _flat(positions)
+        greedy, top_k = a.temperature == 0, int(a.top_k)
+        has_q = a.draft_probs is not None
+        seed, offset, start, positions = _flat(a.seed), _flat(a.offset), _flat(a.start), _flat(a.positions)
         seed_value, offset_value = not isinstance(seed, torch.Tensor), not isinstance(offset, torch.Tensor)
         per_row_seed = not seed_value and seed.numel() != 1
         # tuples, named (_FLAG_NAMES, _NUCLEUS_NAMES) only when a key's launches are first prepared
-        flags = (uncond_logits is not None, has_q, greedy, int(rule) == 1, int(coupling), bool(return_probs),
-                 per_row_seed, seed_value, offset_value)
+        flags = (a.uncond_logits is not None, has_q, greedy, int(a.rule), int(a.coupling), bool(a.return_probs),
+                 per_row_seed, seed_value, offset_value, bool(a.gather_distortion))
         # top-k, top-p, min-p and target probabilities take the per-position paths
-        nucleus = ((not greedy) and top_p < 1.0, (not greedy) and min_p > 0.0, bool(target_is_probs))
-        whole_row = ((not greedy) and 0 < top_k < V) or True in nucleus
-        key = _launch_key(target_logits, uncond_logits, draft_probs, draft_tokens, start, positions, seed, offset,
-                          int(top_k), flags, nucleus)
-        work = _workspace(key, B, L, V, whole_row, device)
+        nucleus = ((not greedy) and a.top_p < 1.0, (not greedy) and a.min_p > 0.0, bool(a.target_is_probs))
+        whole_row = ((not greedy) and 0 < top_k < V) or True in nucleus or int(a.rule) == GSD_CODE
+        key = _launch_key(a.target_logits, a.uncond_logits, a.draft_probs, a.draft_tokens, start, positions, seed,
+                          offset, a.neighbours, top_k, flags, nucleus)
+        work = _workspace(key, B, L, V, whole_row, device, int(a.rule) == GSD_CODE)
+        nb = a.neighbours if a.neighbours is not None else start  # never read without a table
         args = _Args(
-            target_logits, uncond_logits if uncond_logits is not None else target_logits,
-            draft_probs if has_q else out["ent"], draft_tokens, start, positions, seed, offset,
-            q_strides=tuple(draft_probs.stride()) if has_q else (0, 0, 0),
+            a.target_logits, a.uncond_logits if a.uncond_logits is not None else a.target_logits,
+            a.draft_probs if has_q else out["ent"], a.draft_tokens, start, positions, seed, offset,
+            q_strides=tuple(a.draft_probs.stride()) if has_q else (0, 0, 0),
             seed_stride=seed.stride(0) if per_row_seed else 0,
             offset_stride=offset.stride(0) if not offset_value and offset.numel() != 1 else 0,
-            scalars=(float(cfg_scale), fp32(1.0 / temperature) if not greedy else 1.0),  # 1/T rounded once, as ref
+            scalars=(float(a.cfg_scale), fp32(1.0 / a.temperature) if not greedy else 1.0),  # 1/T rounded once
             flag_values=flags,
+            rule=(float(a.rule_params[0]), float(a.rule_params[1]), nb,
+                  nb.stride(0) if a.neighbours is not None else 0,
+                  a.neighbours.shape[1] if a.neighbours is not None else 0),
         )
         with device_guard(device):  # launch on the tensors' device, not the current one
             if work.plan.path == "split":
-                _launch_split(work, args, out, int(top_k), float(entropy_coef), float(tvd_threshold))
+                _launch_split(work, args, out, top_k)
             else:
-                log_min_p = fp32(math.log(min_p)) if min_p > 0 else float("-inf")  # ln rounded once, as the reference
-                _launch_per_position(work, args, out, int(top_k), float(entropy_coef), float(tvd_threshold),
-                                     (fp32(top_p), log_min_p), nucleus)
+                log_min_p = fp32(math.log(a.min_p)) if a.min_p > 0 else float("-inf")  # ln rounded once, as ref
+                _launch_per_position(work, args, out, top_k, (fp32(a.top_p), log_min_p), nucleus)
     o = out
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
 
@@ -213,12 +200,12 @@ def _allocate_outputs(B: int, L: int, V: int, device: torch.device, return_probs
     return out
 
 
-_FLAG_NAMES = ("HAS_UNCOND", "HAS_Q", "GREEDY", "CSD_RULE", "COUPLING", "RETURN_PROBS", "PER_ROW_SEED", "SEED_VALUE",
-               "OFFSET_VALUE")
+_FLAG_NAMES = ("HAS_UNCOND", "HAS_Q", "GREEDY", "RULE", "COUPLING", "RETURN_PROBS", "PER_ROW_SEED", "SEED_VALUE",
+               "OFFSET_VALUE", "GATHER_DIST")
 _NUCLEUS_NAMES = ("TOP_P", "MIN_P", "PROBS")
 
 
-def _launch_key(logits, uncond, q, drafts, start, positions, seed, offset, top_k: int, flags: tuple,
+def _launch_key(logits, uncond, q, drafts, start, positions, seed, offset, neighbours, top_k: int, flags: tuple,
                 nucleus: tuple) -> tuple:
     """What the launches are specialized on (see launch.py), cheaply: the device, the float inputs' dtypes, the
     strides of every input, the 16-byte alignment of every input pointer, the integer top_k and the constexpr flags.
@@ -230,6 +217,7 @@ def _launch_key(logits, uncond, q, drafts, start, positions, seed, offset, top_k
             None if uncond is None else (uncond.dtype, uncond.stride(), uncond.data_ptr() & 15),
             None if q is None else (q.stride(), q.data_ptr() & 15),
             drafts.dtype, drafts.stride(), start.stride(), positions.stride(), _word_key(seed), _word_key(offset),
+            None if neighbours is None else (neighbours.stride(), neighbours.shape[1], neighbours.data_ptr() & 15),
             aligned, top_k, flags, nucleus)
 
 
@@ -250,6 +238,7 @@ class _Workspace:
     stats: Optional[torch.Tensor] = None  # split path: per-program statistics, sums, indices, counters
     sums: Optional[torch.Tensor] = None
     ints: Optional[torch.Tensor] = None
+    gsd: Optional[torch.Tensor] = None  # gsd's scratch, 4·block + 2 floats per position (register path)
     inputs: Optional[list] = None  # the shared leading kernel arguments of the key's first call (strides fixed)
     consts: Optional[dict] = None  # the path's grids, workspace views and constexprs
     kernels: dict = field(default_factory=dict)  # the compiled kernels of this key (launch.launch's cache)
@@ -265,7 +254,7 @@ def _stream(device: torch.device) -> int:
     return torch._C._cuda_getCurrentRawStream(index)  # what Triton launches on, without building a Stream object
 
 
-def _workspace(key: tuple, B: int, L: int, V: int, top_k: bool, device: torch.device) -> _Workspace:
+def _workspace(key: tuple, B: int, L: int, V: int, top_k: bool, device: torch.device, gsd: bool = False) -> _Workspace:
     """The cached workspace of ``key`` and its plan on the current stream (a stream's launches run in order, so one
     buffer per stream is never read and written by two calls at once). The plan is asked every call, so that a
     replaced ``plan`` (the tests force each path) gets its own workspace and kernels."""
@@ -281,6 +270,11 @@ def _workspace(key: tuple, B: int, L: int, V: int, top_k: bool, device: torch.de
             work.stats, work.sums = torch.empty((2, programs, split.N_STATS.value), dtype=torch.float32,
                                                 device=device)  # contiguous
             work.ints = torch.empty((programs * 3 + B * L + B,), dtype=torch.int32, device=device)
+        if gsd:
+            if chosen.path != "register":
+                raise RuntimeError(f"the triton backend runs gsd for vocabularies up to {REGISTER_MAX_BLOCK} (its row "
+                                   f"sorted in one program), not V = {V}: use the cuda, cpu or torch backend")
+            work.gsd = torch.empty((B * L * (4 * chosen.block + 2),), dtype=torch.float32, device=device)
     return work
 
 
@@ -304,6 +298,7 @@ class _Args:
     offset_stride: int
     scalars: tuple  # cfg_scale, 1/T
     flag_values: tuple  # the constexpr switches both paths share, in _FLAG_NAMES order
+    rule: tuple  # rule_p0, rule_p1, the neighbour table (any int64 tensor without one), its row stride, its k
 
     @property
     def flags(self) -> dict:
@@ -330,8 +325,8 @@ def _outputs(out: dict, scratch: tuple) -> tuple:
     return (out["probs"], out["ent"], out["tvd"], out["acc"], out["dist"], *scratch)
 
 
-def _launch_per_position(work: _Workspace, a: _Args, out, top_k, entropy_coef, tvd_threshold,
-                         nucleus_scalars=(1.0, float("-inf")), nucleus_flags=(False, False, False)):
+def _launch_per_position(work: _Workspace, a: _Args, out, top_k, nucleus_scalars=(1.0, float("-inf")),
+                         nucleus_flags=(False, False, False)):
     B, L, V = a.logits.shape
     c = work.consts
     if c is None:
@@ -346,8 +341,8 @@ def _launch_per_position(work: _Workspace, a: _Args, out, top_k, entropy_coef, t
         )
     scratch = c["scratch"]
     launch(c["kernel"], (B * L,), work.kernels,
-           (*a.inputs(work), *_outputs(out, scratch), L, V, *a.scalars, top_k, entropy_coef, tvd_threshold,
-            *nucleus_scalars),
+           (*a.inputs(work), *_outputs(out, scratch), L, V, *a.scalars, top_k, *a.rule[:2], *nucleus_scalars,
+            *a.rule[2:], work.gsd if work.gsd is not None else a.logits),
            c["constexprs"], num_warps=c["num_warps"], enable_fp_fusion=False)
     launch(common.finalize_kernel, (B,), work.kernels,
            (a.drafts, *c["drafts_strides"], *scratch, out["tokens"], out["accept_len"], out["status"], L, V),
@@ -376,7 +371,7 @@ def _split_constants(work: _Workspace, a: _Args) -> dict:
     )
 
 
-def _launch_split(work: _Workspace, a: _Args, out, top_k, entropy_coef, tvd_threshold):
+def _launch_split(work: _Workspace, a: _Args, out, top_k):
     B, L, V = a.logits.shape
     c = work.consts
     if c is None:
@@ -389,5 +384,5 @@ def _launch_split(work: _Workspace, a: _Args, out, top_k, entropy_coef, tvd_thre
     launch(split.split_finish_kernel, c["grid"], work.kernels,
            (*a.inputs(work), *_outputs(out, c["scratch"]),
             stats, index, work.sums, c["bad_q"], position_count, row_count, out["tokens"], out["accept_len"],
-            out["status"], L, V, *a.scalars, entropy_coef, tvd_threshold),
+            out["status"], L, V, *a.scalars, *a.rule),
            c["finish_constexprs"], num_warps=c["num_warps"], enable_fp_fusion=False)

@@ -12,6 +12,8 @@ from typing import Optional
 
 import torch
 
+from ...config.acceptance import RULE_CODES
+from ..spec import TreeArgs
 from .verify import CHUNK_V, device_guard, fp32, pow2, register_num_warps
 
 try:  # pragma: no cover - exercised by whichever environment imports us
@@ -30,21 +32,22 @@ def tree_block(vocab: int) -> int:
     return min(CHUNK_V, max(16, pow2(vocab)))
 
 
-def verify_tree_triton(target_logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], node_tokens: torch.Tensor,
-                       draft_probs: torch.Tensor, sibling_probs: Optional[torch.Tensor], children: torch.Tensor,
-                       depth: torch.Tensor, cfg_scale: float, temperature: float, top_k: int, top_p: float,
-                       min_p: float, rule: int, entropy_coef: float, tvd_threshold: float, seed: torch.Tensor,
-                       offset: torch.Tensor):
-    """The tree verification on validated arguments; the fields of reference.verify_tree.
+def verify_tree_triton(a: TreeArgs):
+    """The tree verification on validated arguments (backends/spec.py); the fields of reference.verify_tree.
 
     Shape: target_logits, uncond_logits [B, S, V] (f32 / bf16 / f16); node_tokens [B, S] int64; draft_probs,
     sibling_probs [B, M, V] f32 (sibling_probs None: draft_probs); children [S, K] int64 (-1 none); depth [S]
-    int64; seed, offset [1] or [B] int64. top_k 0, top_p 1.0 and min_p 0.0 are off; rule 0 strict, 1 csd.
+    int64; neighbours [V, k] int64 or None; seed, offset [1] or [B] int64. top_k 0, top_p 1.0 and min_p 0.0 are
+    off. Every rule but gsd (its groups need the node's row sorted: the cpu, cuda and torch backends run it).
     Returns accept_len [B] int64, path, tokens [B, M + 1] int64, accept_prob, entropy, tvd, distortion
     [B, M + 1] float32, status [B] int32.
     """
     if tree_kernel is None:  # pragma: no cover
         raise RuntimeError(f"triton is not importable ({_TRITON_ERROR})")
+    if int(a.rule) == RULE_CODES["gsd"]:
+        raise RuntimeError("the triton backend verifies no gsd trees (gsd's groups sort the node's row); use the cpu, "
+                           "cuda or torch backend")
+    target_logits, draft_probs = a.target_logits, a.draft_probs
     batch, _slots, vocab = target_logits.shape
     levels = draft_probs.shape[1]
     device = target_logits.device
@@ -55,17 +58,19 @@ def verify_tree_triton(target_logits: torch.Tensor, uncond_logits: Optional[torc
     status = torch.empty(batch, dtype=torch.int32, device=device)
     if batch == 0:
         return accept_len, path, tokens, *floats, status
-    greedy = temperature == 0
-    uncond = uncond_logits if uncond_logits is not None else target_logits  # never read without CFG
-    siblings = sibling_probs if sibling_probs is not None else draft_probs
-    children, depth = children.to(device), depth.to(device).contiguous()
-    seed, offset = seed.reshape(-1), offset.reshape(-1)
+    greedy = a.temperature == 0
+    uncond = a.uncond_logits if a.uncond_logits is not None else target_logits  # never read without CFG
+    siblings = a.sibling_probs if a.sibling_probs is not None else draft_probs
+    children, depth = a.children.to(device), a.depth.to(device).contiguous()
+    seed, offset = a.seed.reshape(-1), a.offset.reshape(-1)
+    node_tokens = a.node_tokens
+    nb = a.neighbours if a.neighbours is not None else depth  # never read without a table
     block = tree_block(vocab)
     scratch = torch.empty(batch, 2, vocab, **f32)
-    constexprs = dict(HAS_UNCOND=uncond_logits is not None, GREEDY=greedy,
-                      TOP_K=(not greedy) and 0 < top_k < vocab, TOP_P=(not greedy) and top_p < 1.0,
-                      MIN_P=(not greedy) and min_p > 0.0, CSD_RULE=int(rule) == 1, PER_ROW_SEED=seed.numel() != 1,
-                      BLOCK_V=block, BLOCK_M=max(2, pow2(levels + 1)))
+    constexprs = dict(HAS_UNCOND=a.uncond_logits is not None, GREEDY=greedy,
+                      TOP_K=(not greedy) and 0 < a.top_k < vocab, TOP_P=(not greedy) and a.top_p < 1.0,
+                      MIN_P=(not greedy) and a.min_p > 0.0, RULE=int(a.rule), PER_ROW_SEED=seed.numel() != 1,
+                      BLOCK_V=block, BLOCK_M=max(2, pow2(levels + 1)), GATHER_DIST=bool(a.gather_distortion))
     with device_guard(device):
         tree_kernel[(batch,)](
             target_logits, target_logits.stride(0), target_logits.stride(1),
@@ -76,8 +81,9 @@ def verify_tree_triton(target_logits: torch.Tensor, uncond_logits: Optional[torc
             children, *children.stride(), depth,
             seed, seed.stride(0) if seed.numel() != 1 else 0, offset, offset.stride(0) if offset.numel() != 1 else 0,
             scratch, accept_len, path, tokens, *floats, status,
-            levels, children.shape[1], vocab, float(cfg_scale), fp32(1.0 / temperature) if not greedy else 1.0,
-            int(top_k), fp32(top_p), fp32(math.log(min_p)) if min_p > 0 else float("-inf"), float(entropy_coef),
-            float(tvd_threshold),
+            levels, children.shape[1], vocab, float(a.cfg_scale), fp32(1.0 / a.temperature) if not greedy else 1.0,
+            int(a.top_k), fp32(a.top_p), fp32(math.log(a.min_p)) if a.min_p > 0 else float("-inf"),
+            float(a.rule_params[0]), float(a.rule_params[1]), nb, nb.stride(0) if a.neighbours is not None else 0,
+            a.neighbours.shape[1] if a.neighbours is not None else 0,
             **constexprs, num_warps=register_num_warps(block), enable_fp_fusion=False)
     return accept_len, path, tokens, *floats, status

@@ -132,6 +132,12 @@ class Emu3Adapter(RowEndLayout):  # the row-end layout of Lumina-mGPT
         self.negative_prompt_ids = None if negative_prompt_ids is None else [int(t) for t in negative_prompt_ids]
         self.defaults = EMU3_DEFAULTS
 
+    def codebook(self) -> Optional[torch.Tensor]:
+        """[V, C] the VQ's codebook (grid id c is code c), or None when the model has none."""
+        quantize = getattr(getattr(self.model.model, "vqmodel", None), "quantize", None)
+        weight = getattr(getattr(quantize, "embedding", None), "weight", None)
+        return None if weight is None or weight.shape[0] < self.vocab_size else weight[:self.vocab_size].detach()
+
     def _prompt_rows(self, input_ids, attention_mask, cfg):
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         if not cfg:

@@ -1,10 +1,12 @@
 """LlamaGen-style class/text-conditional GPT over an image codebook, on any transformers causal LM.
 
-``ImageGPT(lm, image_token_range=(start, end), grid=(H, W), null_token_id=...)``: grid id c is model id start + c;
+``ImageGPT(lm, image_token_range=(start, end), grid=(H, W), null_token_id=..., codebook=...)``: grid id c is model
+id start + c;
 the sequence is ``prompt + image tokens`` with no forced tokens; the unconditional CFG prompt replaces every prompt
 token by ``null_token_id`` (LlamaGen's null class). The logits are the ``lm_head`` rows ``start:end`` applied to the
 decoder's hidden states. ``decode`` (optional) maps grid ids [N, H*W] to images: uint8, or floats in
-``pixel_range``; [N, h, w] (grey) or [N, h, w, 3].
+``pixel_range``; [N, h, w] (grey) or [N, h, w, 3]. ``codebook`` (optional): [V, D], each grid id's latent vector
+(the lantern rules' neighbours come from it).
 
 The digits model of :mod:`csd_kernels.zoo.digits` is ``ImageGPT(load_lm(), image_token_range=(0, NUM_CODES),
 grid=GRID, null_token_id=NULL_TOKEN_ID, decode=load_codebook().decode)``.
@@ -35,7 +37,7 @@ def _decoder_and_head(lm):
 class ImageGPT(CachedImageLM):
     def __init__(self, lm, image_token_range: tuple[int, int], grid: tuple[int, int],
                  null_token_id: Optional[int] = None, decode: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-                 pixel_range: tuple[float, float] = (0.0, 1.0)):
+                 pixel_range: tuple[float, float] = (0.0, 1.0), codebook: Optional[torch.Tensor] = None):
         decoder, head = _decoder_and_head(lm)
         start, end = int(image_token_range[0]), int(image_token_range[1])
         if not 0 <= start < end <= head.out_features:
@@ -47,6 +49,14 @@ class ImageGPT(CachedImageLM):
         self.null_token_id = null_token_id
         self._decode = decode
         self.pixel_range = pixel_range
+        if codebook is not None and (codebook.dim() != 2 or codebook.shape[0] != end - start):
+            raise ValueError(f"codebook must be [V, D] with V = {end - start} image tokens, got "
+                             f"{tuple(codebook.shape)}")
+        self._codebook = codebook
+
+    def codebook(self) -> Optional[torch.Tensor]:
+        """[V, D] each grid id's latent vector, or None (see the protocol)."""
+        return self._codebook
 
     def _prompt_rows(self, input_ids, attention_mask, cfg):
         if not cfg:

@@ -112,6 +112,14 @@ class JanusAdapter(CachedImageLM):
     def image_sequence(self, tokens):
         return tokens
 
+    def codebook(self) -> Optional[torch.Tensor]:
+        """[V, 8] the VQ's codebook as its decoder looks codes up (l2-normalised rows), or None without a VQ."""
+        quantize = getattr(getattr(self.model.model, "vqmodel", None), "quantize", None)
+        weight = getattr(getattr(quantize, "embedding", None), "weight", None)
+        if weight is None or weight.shape[0] < self.vocab_size:
+            return None
+        return torch.nn.functional.normalize(weight[:self.vocab_size].detach().float(), p=2, dim=-1)
+
     @torch.no_grad()
     def decode(self, tokens):
         return to_uint8_images(self.model.decode_image_tokens(tokens.to(self.device)))

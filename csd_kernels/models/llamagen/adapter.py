@@ -44,6 +44,7 @@ class LlamaGenAdapter:
     def __init__(self, model: Transformer, vq: Optional[VQDecoder] = None):
         self.model = model
         self.vq = vq
+        self._codebook: Optional[torch.Tensor] = None
         self.args = model.args
         self.grid = (self.args.grid, self.args.grid)
         self.vocab_size = self.args.vocab_size
@@ -217,6 +218,16 @@ class LlamaGenAdapter:
         return tokens  # grid ids are codebook ids
 
     @torch.no_grad()
+    def codebook(self) -> Optional[torch.Tensor]:
+        """[V, 8] the VQ's codebook as its decoder looks codes up (l2-normalised rows when trained so), or None
+        without a VQ."""
+        if self.vq is None:
+            return None
+        if self._codebook is None:
+            self._codebook = self.vq.quantize.lookup(torch.arange(self.vocab_size, device=self.vq.quantize.embedding
+                                                                  .weight.device)).detach().float()
+        return self._codebook
+
     def decode(self, tokens: torch.Tensor) -> Optional[torch.Tensor]:
         if self.vq is None:
             return None

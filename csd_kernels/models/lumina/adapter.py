@@ -169,6 +169,20 @@ class LuminaMGPT(RowEndLayout):
         end = torch.full((batch, 1), self.image_end_token_id, dtype=rows.dtype, device=rows.device)
         return torch.cat([prefix, body, end], 1)
 
+    def codebook(self) -> Optional[torch.Tensor]:
+        """[V, C] the VQ codebook row of each grid id (BPE id c + start, through the model's
+        ``vocabulary_mapping.bpe2img``), or None when the model has no VQ or the mapping misses a code."""
+        base = getattr(self.model, "model", None)
+        weight = getattr(getattr(getattr(getattr(base, "vqmodel", None), "quantize", None), "embedding", None),
+                         "weight", None)
+        mapping = getattr(getattr(base, "vocabulary_mapping", None), "bpe2img", None)
+        if weight is None or mapping is None:
+            return None
+        rows = [mapping.get(self.image_start + c) for c in range(self.vocab_size)]
+        if any(r is None or not 0 <= r < weight.shape[0] for r in rows):
+            return None
+        return weight[torch.tensor(rows, device=weight.device)].detach()
+
     @torch.no_grad()
     def decode(self, tokens):
         if self._decode is None:

@@ -40,7 +40,7 @@ def zoo_model(device=None, weights=None):
     tokenizer = load_tokenizer(folder if own else None, flag if own else "--model scenes: the shipped tokenizer,")
     lm = load_lm(folder, flag=flag) if device is None else load_lm(folder, flag=flag).to(device)
     model = ImageGPT(lm, image_token_range=(0, NUM_CODES), grid=GRID, null_token_id=NULL_TOKEN_ID,
-                     decode=lambda tokens: tokenizer.decode(tokens.cpu()))
+                     decode=lambda tokens: tokenizer.decode(tokens.cpu()), codebook=tokenizer.centroids)
     parse, measure, ceiling = _prompts_and_quality(tokenizer, device)
     measures = (Measure("adherence", "adherence", True, "prompt adherence (objects read from pixels)"),
                 Measure("frechet", "Fréchet", False, "Fréchet distance to rendered scenes of the prompts", ".2f",

@@ -14,15 +14,14 @@ sweep 3 come from the same code on the same data, so the target u·total and the
 import triton
 import triton.language as tl
 
+from . import rules
 from .common import (
     GUMBEL,
     INDEPENDENT,
     MAXIMAL,
     PROB_SUM_TOLERANCE,
-    acceptance,
     chunk_cdf,
     chunk_lanes,
-    gated_distortion,
     gumbel_uniforms,
     load_mix,
     load_mix_flagged,
@@ -249,10 +248,11 @@ def _stats_sweep(c_row, u_row, q_row, s_qv, probs_row, x, bad, V, thr, m, z_sum,
 
 
 @triton.jit
-def _draw_sweep(c_row, u_row, q_row, s_qv, x, bad_q, use_r, target_w, target_p, lambda_h, V, thr, m, z_sum, amax,
-                cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr,
-                TOP_K: tl.constexpr, DRAW_FROM_P: tl.constexpr, PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Sweep 3: (gated distortion sum, resampled token, draw from p). The running sums are those of sweep 2,
+def _draw_sweep(c_row, u_row, q_row, s_qv, x, bad_q, use_r, target_w, target_p, h, rule_p0, rule_p1, nb_ptr, s_nb,
+                nb_k, V, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr,
+                GREEDY: tl.constexpr, TOP_K: tl.constexpr, DRAW_FROM_P: tl.constexpr, PROBS: tl.constexpr,
+                RULE: tl.constexpr, GATHER_DIST: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Sweep 3: (the rule's distortion sum, resampled token, draw from p). The running sums are those of sweep 2,
     recomputed by the same code on the same data, so the targets u·total and the searched CDFs agree."""
     lane = tl.arange(0, BLOCK_V)
     dist = tl.zeros((), tl.float32)
@@ -267,7 +267,13 @@ def _draw_sweep(c_row, u_row, q_row, s_qv, x, bad_q, use_r, target_w, target_p, 
         p, support = chunk_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
                              TOP_K, PROBS)
         q, _bad_c = _chunk_q(q_row, s_qv, offs, mask, x, HAS_Q)
-        dist += tl.sum(gated_distortion(p, tl.where(bad_q, 0.0, q), lambda_h, support), 0)
+        q_ok = tl.where(bad_q, 0.0, q)
+        if rules.has_token_terms(RULE):
+            dist += tl.sum(rules.distortion_terms(p, q_ok, support, h, rule_p0, rule_p1, RULE), 0)
+        if rules.is_lantern(RULE) and GATHER_DIST:
+            dist += tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q_ok, support, rule_p0, c_row, u_row, m,
+                                               1.0 / z_sum, thr, 0.0, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND,
+                                               GREEDY, PROBS, TOP_K, False), 0)
         w = tl.where(use_r, tl.maximum(p - q, 0.0), p)
         cdf_w, carry_w = chunk_cdf(w, carry_w, lane, BLOCK_V)
         first_w = tl.minimum(first_w, tl.min(tl.where(mask & (cdf_w > target_w), offs, _NO_HIT), 0).to(tl.int32))
@@ -289,12 +295,13 @@ def position_chunked_kernel(
     seed_ptr, seed_stride, offset_ptr, offset_stride,
     probs_ptr, ent_ptr, tvd_ptr, acc_ptr, dist_ptr,
     res_ptr, later_ptr, flags_ptr,
-    L, V, cfg_scale, inv_t, top_k, entropy_coef, tvd_threshold, top_p, log_min_p,
+    L, V, cfg_scale, inv_t, top_k, rule_p0, rule_p1, top_p, log_min_p,
+    nb_ptr, s_nb, nb_k, gsd_ptr,
     HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr, TOP_K: tl.constexpr,
-    CSD_RULE: tl.constexpr, COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr,
+    RULE: tl.constexpr, COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr,
     TOP_P: tl.constexpr = False, MIN_P: tl.constexpr = False, PROBS: tl.constexpr = False,
-    SEED_VALUE: tl.constexpr = False, OFFSET_VALUE: tl.constexpr = False,
+    SEED_VALUE: tl.constexpr = False, OFFSET_VALUE: tl.constexpr = False, GATHER_DIST: tl.constexpr = False,
 ):
     """Grid (B·L,): one program per (row, window position), the row in BLOCK_V chunks. Parameters: common.py."""
     pid = tl.program_id(0).to(tl.int64)
@@ -326,19 +333,26 @@ def position_chunked_kernel(
     else:
         x_in_support = z_x > float("-inf")
     q_x = tl.where(bad_q | ~x_in_support, 0.0, q_x)
-    a, strict_a = acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, CSD_RULE)
+    extra_x = tl.zeros_like(h)
+    if rules.is_lantern(RULE):  # the draft's neighbours' mass: k gathers (the restrictions are one order-key threshold)
+        limit = rules.lantern_limit(p_x, rule_p0, RULE)
+        extra_x = rules.lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), limit, c_row, u_row, m,
+                                      1.0 / z_sum, thr, 0.0, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, PROBS,
+                                      RESTRICT, False)
+    a, strict_a = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
     accepted = has_draft & (u_acc < a)
 
     # residual draws use max(p − q, 0) unless it sums to 0, there is no draft, or q was flagged (then p)
     use_r = has_draft & ~bad_q & (residual > 0)
     dist, resampled, from_p = _draw_sweep(
         c_row, u_row, q_row, s_qv, x, bad_q, use_r, u_smp * tl.where(use_r, residual, p_total), u_smp * p_total,
-        entropy_coef * h, V, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, HAS_Q, GREEDY, RESTRICT,
-        COUPLING == INDEPENDENT, PROBS, BLOCK_V)
-    if CSD_RULE:
-        dist = tl.where(has_draft & (tvd < tvd_threshold), dist, 0.0)
-    else:
-        dist = tl.zeros_like(dist)
+        h, rule_p0, rule_p1, nb_ptr, s_nb, nb_k, V, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, HAS_Q, GREEDY,
+        RESTRICT, COUPLING == INDEPENDENT, PROBS, RULE, GATHER_DIST, BLOCK_V)
+    if RULE == rules.CSD:
+        dist = tl.where(tvd < rule_p1, dist, 0.0)
+    if rules.is_lantern(RULE) and not GATHER_DIST:
+        dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
+    dist = tl.where(has_draft, dist, 0.0)
 
     if COUPLING == INDEPENDENT:
         later = from_p

@@ -1,5 +1,5 @@
 """Pieces every Triton verification kernel shares: Philox4x32-10 and the two random streams, the CFG mix, the
-window bookkeeping, the acceptance rule, the per-position stores and the per-row epilogue.
+window bookkeeping, the per-position stores and the per-row epilogue (the acceptance rules: rules.py).
 
 Philox is written with uint32 ``tl.umulhi`` and wrapping ``tl.mul``, bit-identical to ``reference.philox4x32``.
 Seeds and offsets are read inside the kernels from device tensors, so no launcher synchronises with the device.
@@ -15,8 +15,9 @@ Kernel parameters, named alike in every path:
 * outputs ``probs_ptr`` [B, L, V], ``ent_ptr``/``tvd_ptr``/``acc_ptr``/``dist_ptr`` [B, L]; per-position scratch
   ``res_ptr`` (resampled token), ``later_ptr`` (the draw for positions after accept_len), ``flags_ptr`` (status bits
   and F_STOP) [B, L] int32, read by the row epilogue.
-* scalars ``L``, ``V``, ``cfg_scale``, ``inv_t`` (1/T rounded to fp32), ``top_k``, ``entropy_coef`` (λ),
-  ``tvd_threshold`` (τ); constexpr switches ``HAS_UNCOND``, ``HAS_Q``, ``GREEDY`` (T = 0), ``TOP_K``, ``CSD_RULE``,
+* scalars ``L``, ``V``, ``cfg_scale``, ``inv_t`` (1/T rounded to fp32), ``top_k``, ``rule_p0``, ``rule_p1`` (the
+  rule's parameters, rules.py); constexpr switches ``HAS_UNCOND``, ``HAS_Q``, ``GREEDY`` (T = 0), ``TOP_K``,
+  ``RULE`` (a code of config/acceptance.py's table, rules.py),
   ``COUPLING`` (INDEPENDENT / MAXIMAL / GUMBEL), ``RETURN_PROBS``, ``PER_ROW_SEED``, ``BLOCK_V``, ``SEED_VALUE``,
   ``OFFSET_VALUE``.
 """
@@ -174,9 +175,9 @@ def log_or_minus_inf(w):
 
 
 @triton.jit
-def top_p_keep(z, e, mask, top_p):
-    """Lanes kept by top-p (reference.restrict_top_p): the largest order key t with Σ_{key ≥ t} e ≥ top_p·Σ e, by a
-    32-step bisection (e = exp(z − max z), 0 outside the current support)."""
+def top_p_key(z, e, mask, top_p):
+    """The order key of top-p (reference.restrict_top_p): the largest t with Σ_{key ≥ t} e ≥ top_p·Σ e, by a 32-step
+    bisection (e = exp(z − max z), 0 outside the current support); z is kept where its key is >= t."""
     key = order_key(z)
     limit = top_p * tl.sum(tl.where(mask, e, 0.0), 0)
     lo = tl.full((), -2147483648, tl.int64)
@@ -186,7 +187,7 @@ def top_p_keep(z, e, mask, top_p):
         ok = tl.sum(tl.where(mask & (key >= mid.to(tl.int32)), e, 0.0), 0) >= limit
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
-    return key >= lo.to(tl.int32)
+    return lo
 
 @triton.jit
 def nonfinite(x, mask):
@@ -216,7 +217,7 @@ def chunk_cdf(w, carry, offs, BLOCK: tl.constexpr):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# One window position: its draft, the acceptance rule, its outputs
+# One window position: its draft, its outputs
 # ----------------------------------------------------------------------------------------------------------------
 @triton.jit
 def window_draft(draft_ptr, s_db, s_dl, start_ptr, s_start, b, i, V):
@@ -226,28 +227,6 @@ def window_draft(draft_ptr, s_db, s_dl, start_ptr, s_start, b, i, V):
     x = tl.where(bad_tok, -1, x)
     committed = i < tl.load(start_ptr + b * s_start)
     return x, bad_tok, x >= 0, committed
-
-
-@triton.jit
-def acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, CSD_RULE: tl.constexpr):
-    """(a(x), strict a(x)) as reference.acceptance_probability: 0 where q(x) = 0 (callers pass q(x) = 0 for a draft
-    outside the support of p)."""
-    pos_ok = q_x > 0
-    ratio = tl.where(pos_ok, p_x / tl.where(pos_ok, q_x, 1.0), 0.0)
-    strict_a = tl.minimum(ratio, 1.0)
-    if CSD_RULE:
-        a = tl.minimum(tl.where(tvd < tvd_threshold, tl.where(pos_ok, ratio + entropy_coef * h, 0.0), ratio), 1.0)
-    else:
-        a = strict_a
-    return a, strict_a
-
-
-@triton.jit
-def gated_distortion(p, q, lambda_h, support):
-    """Per-token term of the closed-form distortion with the csd gate open, division free: q·a − min(p, q) with
-    a = min(1, p/q + λH) is min(q − p, λH·q) where p < q and 0 elsewhere (0 with the gate closed, and outside the
-    support of p, where a = 0)."""
-    return tl.where(support & (p < q), tl.minimum(q - p, lambda_h * q), 0.0)
 
 
 @triton.jit

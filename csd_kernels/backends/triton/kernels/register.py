@@ -11,13 +11,12 @@ With PROBS the row holds target probabilities w: p = w / Σw, z = ln w.
 import triton
 import triton.language as tl
 
+from . import rules
 from .common import (
     GUMBEL,
     INDEPENDENT,
     MAXIMAL,
     PROB_SUM_TOLERANCE,
-    acceptance,
-    gated_distortion,
     gumbel_uniforms,
     inverse_cdf,
     load_mix_flagged,
@@ -26,14 +25,16 @@ from .common import (
     order_key,
     position_rng,
     store_position,
-    top_p_keep,
+    top_p_key,
     window_draft,
 )
+from .gsd import gsd_groups
 
 
 @triton.jit
-def _top_k_threshold(z, mask, top_k):
-    """The k-th largest z, exactly: 32-step bisection over the order-preserving int32 image of the fp32 bits."""
+def _top_k_key(z, mask, top_k):
+    """The order key of the k-th largest z, exactly: 32-step bisection over the order-preserving int32 image of the
+    fp32 bits (z is kept where its key is >= this)."""
     key = order_key(z)
     lo = tl.full((), -2147483648, tl.int64)
     hi = tl.full((), 2147483647, tl.int64)
@@ -42,7 +43,7 @@ def _top_k_threshold(z, mask, top_k):
         ok = tl.sum((mask & (key >= mid.to(tl.int32))).to(tl.int32), 0) >= top_k
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
-    return key >= lo.to(tl.int32)
+    return lo
 
 
 @triton.jit(do_not_specialize=["seed_ptr", "offset_ptr"])  # int seeds: one kernel for all
@@ -55,14 +56,16 @@ def position_kernel(
     seed_ptr, seed_stride, offset_ptr, offset_stride,
     probs_ptr, ent_ptr, tvd_ptr, acc_ptr, dist_ptr,
     res_ptr, later_ptr, flags_ptr,
-    L, V, cfg_scale, inv_t, top_k, entropy_coef, tvd_threshold, top_p, log_min_p,
+    L, V, cfg_scale, inv_t, top_k, rule_p0, rule_p1, top_p, log_min_p,
+    nb_ptr, s_nb, nb_k, gsd_ptr,
     HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr, TOP_K: tl.constexpr,
-    CSD_RULE: tl.constexpr, COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr,
+    RULE: tl.constexpr, COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr,
     TOP_P: tl.constexpr = False, MIN_P: tl.constexpr = False, PROBS: tl.constexpr = False,
-    SEED_VALUE: tl.constexpr = False, OFFSET_VALUE: tl.constexpr = False,
+    SEED_VALUE: tl.constexpr = False, OFFSET_VALUE: tl.constexpr = False, GATHER_DIST: tl.constexpr = False,
 ):
-    """Grid (B·L,): one program per (row, window position), BLOCK_V >= V. Parameters: see common.py."""
+    """Grid (B·L,): one program per (row, window position), BLOCK_V >= V. Parameters: see common.py and rules.py
+    (gsd_ptr: gsd's scratch, 4·BLOCK_V + 2 floats per position)."""
     pid = tl.program_id(0).to(tl.int64)
     b = pid // L
     i = pid % L
@@ -83,20 +86,29 @@ def position_kernel(
         z = tl.where(mask, z, float("-inf"))
         bad = (bad_z > 0) | (tl.max(z, 0) == float("-inf"))  # bad input, or no finite logit
         z = tl.where(mask & bad, 0.0, z)  # a bad row continues as z = 0
+    # what p_at needs to recompute p at any token (lantern's neighbours): m, 1/Z, the restriction's order key
+    m = tl.zeros((), tl.float32)
+    thr_key = tl.full((), -2147483648, tl.int64)
     if PROBS:
         amax = tl.argmax(z, 0, tie_break_left=True)
+        inv_z = 1.0 / tl.sum(w, 0)
     elif GREEDY:
         amax = tl.argmax(z, 0, tie_break_left=True)
         p = tl.where(offs == amax, 1.0, 0.0)
+        inv_z = tl.full((), 1.0, tl.float32)
     else:
+        amax = tl.zeros((), tl.int32)
         if TOP_K:
-            z = tl.where(_top_k_threshold(z, mask, top_k), z, float("-inf"))
+            thr_key = _top_k_key(z, mask, top_k)
+            z = tl.where(order_key(z) >= thr_key.to(tl.int32), z, float("-inf"))
         m = tl.max(z, 0)
         if TOP_P:
-            z = tl.where(top_p_keep(z, tl.exp(z - m), mask, top_p), z, float("-inf"))
+            thr_key = tl.maximum(thr_key, top_p_key(z, tl.exp(z - m), mask, top_p))
+            z = tl.where(order_key(z) >= thr_key.to(tl.int32), z, float("-inf"))
         if MIN_P:
             z = tl.where(z - m >= log_min_p, z, float("-inf"))
         e = tl.exp(z - m)
+        inv_z = 1.0 / tl.sum(e, 0)
         p = e / tl.sum(e, 0)
     h = -tl.sum(p * tl.log(tl.where(p > 0, p, 1.0)), 0)
     support = z > float("-inf")
@@ -114,19 +126,46 @@ def position_kernel(
     p_x = tl.sum(tl.where(offs == x, p, 0.0), 0)
     q_x = tl.sum(tl.where((offs == x) & support, q, 0.0), 0)  # a draft outside the support is rejected
 
-    # ---- decision and closed-form distortion
-    a, strict_a = acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, CSD_RULE)
+    # ---- the rule's term of the draft, the decision and the distortion
+    RESTRICT: tl.constexpr = TOP_K or TOP_P
+    c_row = logits_ptr + b * s_cb + i * s_cl
+    u_row = uncond_ptr + b * s_ub + i * s_ul
+    extra_x = tl.zeros_like(h)
+    qa = q
+    if RULE == rules.GSD:
+        group_rank = (rule_p0 + tl.zeros((), tl.float32)).to(tl.int32)  # a float argument (an int in the table)
+        a_tok = gsd_groups(p, q, offs, mask, V, group_rank, rule_p1, gsd_ptr + pid * (4 * BLOCK_V + 2), BLOCK_V,
+                           BLOCK_V.bit_length())
+        extra_x = tl.sum(tl.where(offs == x, a_tok, 0.0), 0)
+        qa = tl.where(support, q * a_tok, 0.0)
+    if rules.is_lantern(RULE):
+        limit = rules.lantern_limit(p_x, rule_p0, RULE)
+        extra_x = rules.lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), limit, c_row, u_row, m, inv_z,
+                                      thr_key, log_min_p, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, PROBS,
+                                      RESTRICT, MIN_P)
+    a, strict_a = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
     dist = tl.zeros_like(h)
-    if CSD_RULE:
-        dist = tl.sum(gated_distortion(p, q, entropy_coef * h, support), 0)
-        dist = tl.where(has_draft & (tvd < tvd_threshold), dist, 0.0)
+    if rules.has_token_terms(RULE):
+        dist = tl.sum(rules.distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE), 0)
+        if RULE == rules.CSD:
+            dist = tl.where(tvd < rule_p1, dist, 0.0)
+    elif RULE == rules.GSD:
+        dist = tl.sum(tl.maximum(qa - p, 0.0), 0)
+    elif rules.is_lantern(RULE):
+        if GATHER_DIST:
+            dist = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, rule_p0, c_row, u_row, m,
+                                              inv_z, thr_key, log_min_p, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND,
+                                              GREEDY, PROBS, RESTRICT, MIN_P), 0)
+        else:
+            dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
+    dist = tl.where(has_draft, dist, 0.0)
     pos, row_id, k0, k1, u_acc, u_smp = position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
                                                      offset_ptr + b * offset_stride, b, i, PER_ROW_SEED,
                                                      SEED_VALUE, OFFSET_VALUE)
     accepted = has_draft & (u_acc < a)
 
-    # ---- resample from the residual max(p − q, 0) (p when it sums to 0 or there is no draft)
-    r = tl.maximum(p - q, 0.0)
+    # ---- resample from the rule's residual (p when it sums to 0 or there is no draft)
+    r = rules.residual(p, q, qa, RULE)
     resampled = inverse_cdf(tl.where(has_draft & (tl.sum(r, 0) > 0), r, p), offs, mask, u_smp, V, BLOCK_V)
 
     # ---- the draw for positions after accept_len

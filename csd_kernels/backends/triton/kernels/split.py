@@ -20,13 +20,12 @@ one after another, so the last one is always the last split: the logic is the sa
 import triton
 import triton.language as tl
 
+from . import rules
 from .common import (
     GUMBEL,
     INDEPENDENT,
     MAXIMAL,
     PROB_SUM_TOLERANCE,
-    acceptance,
-    gated_distortion,
     gumbel_uniforms,
     load_mix,
     load_mix_flagged,
@@ -38,7 +37,7 @@ from .common import (
 )
 
 N_STATS: tl.constexpr = tl.constexpr(5)  # m_s, Z_s, S1_s, gumbel best, (unused)  (+ int: bad flag, argmax index)
-N_SUMS: tl.constexpr = tl.constexpr(5)  # Σ|p − q|, Σ max(p − q, 0), Σ p, gated distortion, Σ q  (+ int: bad q flag)
+N_SUMS: tl.constexpr = tl.constexpr(5)  # Σ|p − q|, Σ max(p − q, 0), Σ p, distortion terms, Σ q  (+ int: bad q flag)
 
 
 @triton.jit
@@ -214,11 +213,11 @@ def split_finish_kernel(
     res_ptr, later_ptr, flags_ptr,
     stats_ptr, index_ptr, sums_ptr, bad_q_ptr, position_count_ptr, row_count_ptr,
     tokens_ptr, accept_len_ptr, status_ptr,
-    L, V, cfg_scale, inv_t, entropy_coef, tvd_threshold,
-    HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr, CSD_RULE: tl.constexpr,
+    L, V, cfg_scale, inv_t, rule_p0, rule_p1, nb_ptr, s_nb, nb_k,
+    HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr, RULE: tl.constexpr,
     COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr, PER_ROW_SEED: tl.constexpr,
     BLOCK_V: tl.constexpr, S_BLOCK: tl.constexpr, BLOCK_L: tl.constexpr,
-    SEED_VALUE: tl.constexpr = False, OFFSET_VALUE: tl.constexpr = False,
+    SEED_VALUE: tl.constexpr = False, OFFSET_VALUE: tl.constexpr = False, GATHER_DIST: tl.constexpr = False,
 ):
     """Grid (B·L·S,), after split_stats_kernel. Parameters: common.py, plus the workspaces of the module docstring."""
     pid, position, n_split, s, b, i, offs, mask = _split_coords(L, V, BLOCK_V)
@@ -237,7 +236,14 @@ def split_finish_kernel(
     tl.store(sums_ptr + pid * N_SUMS + 0, tl.sum(tl.abs(p - q), 0))
     tl.store(sums_ptr + pid * N_SUMS + 1, tl.sum(tl.maximum(p - q, 0.0), 0))
     tl.store(sums_ptr + pid * N_SUMS + 2, tl.sum(p, 0))
-    tl.store(sums_ptr + pid * N_SUMS + 3, tl.sum(gated_distortion(p, q, entropy_coef * h, support), 0))
+    terms = tl.zeros((), tl.float32)
+    if rules.has_token_terms(RULE):
+        terms = tl.sum(rules.distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE), 0)
+    if rules.is_lantern(RULE) and GATHER_DIST:  # k gathers per token of the slice
+        terms = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, rule_p0, c_row, u_row, m, inv_z,
+                                           0, 0.0, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND, GREEDY, False, False,
+                                           False), 0)
+    tl.store(sums_ptr + pid * N_SUMS + 3, terms)
     tl.store(sums_ptr + pid * N_SUMS + 4, tl.sum(q, 0))
     tl.store(bad_q_ptr + pid, bad_q)
 
@@ -273,11 +279,20 @@ def split_finish_kernel(
             q_x = tl.where(has_draft & x_in_support, 1.0, 0.0)
         p_x = tl.where(has_draft, p_x, 0.0)
 
-        a, strict_a = acceptance(p_x, q_x, h, tvd, entropy_coef, tvd_threshold, CSD_RULE)
-        dist = tl.zeros_like(h)
-        if CSD_RULE:  # the slices summed the gated terms; a flagged q counts as the zero vector
-            gated = tl.sum(tl.load(sums + 3, mask=smask, other=0.0, cache_modifier=".cg"), 0)
-            dist = tl.where(has_draft & (tvd < tvd_threshold) & ~bad_q_row, gated, 0.0)
+        extra_x = tl.zeros_like(h)
+        if rules.is_lantern(RULE):  # the draft's neighbours' mass: k gathers
+            limit = rules.lantern_limit(p_x, rule_p0, RULE)
+            extra_x = rules.lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), limit, c_row, u_row, m,
+                                          inv_z, 0, 0.0, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, False, False,
+                                          False)
+        a, strict_a = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
+        # the slices summed the rule's terms; a flagged q counts as the zero vector
+        dist = tl.sum(tl.load(sums + 3, mask=smask, other=0.0, cache_modifier=".cg"), 0)
+        if RULE == rules.CSD:
+            dist = tl.where(tvd < rule_p1, dist, 0.0)
+        if rules.is_lantern(RULE) and not GATHER_DIST:
+            dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
+        dist = tl.where(has_draft & ~bad_q_row, dist, 0.0)
 
         _pos, _row_id, _k0, _k1, u_acc, u_smp = position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
                                                              offset_ptr + b * offset_stride, b, i, PER_ROW_SEED,

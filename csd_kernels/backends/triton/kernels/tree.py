@@ -12,8 +12,9 @@ import triton
 import triton.language as tl
 
 from .... import reference as ref
+from . import rules
 from .chunked import chunk_p, load_z, restrict, restriction_threshold, softmax_sweep
-from .common import S_BAD_LOGITS, acceptance, chunk_cdf, chunk_lanes, gated_distortion, philox, row_key, uniform
+from .common import S_BAD_LOGITS, chunk_cdf, chunk_lanes, philox, row_key, uniform
 
 TREE_TAG = tl.constexpr(ref.TREE_STREAM_TAG)
 NO_HIT = tl.constexpr(2147483647)
@@ -75,9 +76,11 @@ def _load_node(c_row, u_row, q_row, s_qv, has_q, scr_p, scr_q, V, thr, m, z_sum,
 
 
 @triton.jit
-def _distortion(c_row, u_row, q_row, s_qv, V, thr, m, z_sum, amax, bad, inv_v, lambda_h, cfg_scale, inv_t,
-                HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, RESTRICT: tl.constexpr, BLOCK_V: tl.constexpr):
-    """csd's closed-form distortion at the node with the gate open: Σ (q·a − min(p, q)) (common.gated_distortion)."""
+def _distortion(c_row, u_row, q_row, s_qv, scr_p, nb_ptr, s_nb, nb_k, V, thr, m, z_sum, amax, bad, inv_v, h, rule_p0,
+                rule_p1, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, RESTRICT: tl.constexpr,
+                RULE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The rule's distortion at the node (csd's with its gate open: the caller gates it): the per-token terms of
+    rules.distortion_terms, or lantern's (k gathers of the node's p in the scratch per token)."""
     lane = tl.arange(0, BLOCK_V)
     dist = tl.zeros((), tl.float32)
     for v0 in range(0, V, BLOCK_V):
@@ -85,7 +88,11 @@ def _distortion(c_row, u_row, q_row, s_qv, V, thr, m, z_sum, amax, bad, inv_v, l
         p, support = _node_p(c_row, u_row, offs, mask, thr, m, z_sum, amax, bad, inv_v, cfg_scale, inv_t,
                              HAS_UNCOND, GREEDY, RESTRICT)
         q = tl.load(q_row + offs * s_qv, mask=mask, other=0.0).to(tl.float32)
-        dist += tl.sum(gated_distortion(p, q, lambda_h, support), 0)
+        if rules.is_lantern(RULE):
+            dist += tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, rule_p0, scr_p, scr_p, 0.0,
+                                               1.0, 0, 0.0, 0, V, 1.0, 1.0, RULE, False, False, True, False, False), 0)
+        else:
+            dist += tl.sum(rules.distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE), 0)
     return dist
 
 
@@ -151,12 +158,14 @@ def tree_kernel(
     seed_ptr, seed_stride, offset_ptr, offset_stride,
     scratch_ptr,
     accept_len_ptr, path_ptr, tokens_ptr, acc_ptr, ent_ptr, tvd_ptr, dist_ptr, status_ptr,
-    M, K, V, cfg_scale, inv_t, top_k, top_p, log_min_p, entropy_coef, tvd_threshold,
+    M, K, V, cfg_scale, inv_t, top_k, top_p, log_min_p, rule_p0, rule_p1, nb_ptr, s_nbr, nb_k,
     HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr,
-    CSD_RULE: tl.constexpr, PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_M: tl.constexpr,
+    RULE: tl.constexpr, PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_M: tl.constexpr,
+    GATHER_DIST: tl.constexpr = False,
 ):
     """Grid (B,): the tree walk of row b (module docstring). Outputs [B, M + 1] are kept in registers and stored once;
-    ``scratch_ptr`` [B, 2, V] fp32 holds the walk's current p and q."""
+    ``scratch_ptr`` [B, 2, V] fp32 holds the walk's current p and q. The main draft is tested by ``RULE`` (not
+    gsd: its groups need the node's row sorted), the siblings strictly (rules.py's parameters)."""
     b = tl.program_id(0).to(tl.int64)
     RESTRICT: tl.constexpr = TOP_K or TOP_P or MIN_P
     k0, k1, row_id = row_key(seed_ptr, seed_stride, b, PER_ROW_SEED)
@@ -195,10 +204,16 @@ def tree_kernel(
             main = tl.load(children_ptr + cur * s_kn)
             x_main = tl.load(node_ptr + b * s_nb + tl.maximum(main, 0) * s_ns, mask=main >= 0, other=-1)
             dist = tl.zeros((), tl.float32)
-            if CSD_RULE:
-                if (x_main >= 0) & (tvd < tvd_threshold):
-                    dist = _distortion(c_row, u_row, q_row, s_qv, V, thr, m, z_sum, amax, bad, inv_v,
-                                       entropy_coef * h, cfg_scale, inv_t, HAS_UNCOND, GREEDY, RESTRICT, BLOCK_V)
+            gate = (x_main >= 0) & (level < M)
+            if RULE == rules.CSD:
+                gate = gate & (tvd < rule_p1)
+            if rules.has_token_terms(RULE) or (rules.is_lantern(RULE) and GATHER_DIST):
+                if gate:
+                    dist = _distortion(c_row, u_row, q_row, s_qv, scr_p, nb_ptr, s_nbr, nb_k, V, thr, m, z_sum, amax,
+                                       bad, inv_v, h, rule_p0, rule_p1, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
+                                       RESTRICT, RULE, BLOCK_V)
+            elif rules.is_lantern(RULE):
+                dist = tl.where((x_main >= 0) & (level < M), float("nan"), 0.0)  # k gathers per token: on request
             ent_v = tl.where(idx == i, h, ent_v)
             tvd_v = tl.where(idx == i, tvd, tvd_v)
             dist_v = tl.where(idx == i, dist, dist_v)
@@ -212,9 +227,15 @@ def tree_kernel(
                     sup = _in_support(c_row, u_row, x, thr, amax, bad, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
                                       RESTRICT)
                     q_x = tl.where(sup, tl.load(scr_q + x), 0.0)
-                    a_rule, a_strict = acceptance(tl.load(scr_p + x), q_x, h, tvd, entropy_coef, tvd_threshold,
-                                                  CSD_RULE)
-                    a = tl.where(r == 0, a_rule, a_strict)  # csd relaxes the main draft only
+                    p_x = tl.load(scr_p + x)
+                    extra = tl.zeros((), tl.float32)
+                    if rules.is_lantern(RULE):  # the main draft's neighbours' mass, from the node's p in the scratch
+                        if r == 0:
+                            extra = rules.lantern_bonus(nb_ptr, s_nbr, nb_k, tl.where(q_x > 0, x, -1),
+                                                        rules.lantern_limit(p_x, rule_p0, RULE), scr_p, scr_p, 0.0,
+                                                        1.0, 0, 0.0, 0, V, 1.0, 1.0, False, False, True, False, False)
+                    a_rule, a_strict = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra, RULE)
+                    a = tl.where(r == 0, a_rule, a_strict)  # the rule relaxes the main draft only
                     u_acc, _u = tree_uniforms(slot, off_lo, tag, k0, k1)
                     if u_acc < a:
                         chosen = slot

@@ -1,0 +1,50 @@
+"""The decoding modes of ``generate``, once: :data:`MODE_TABLE`, a table of :class:`Mode` (the acceptance rule it
+verifies with, whether it drafts a window, takes a coupling, carries the drafts' q, takes a draft tree). The loop
+(decoding/), the checks (config/generation.py, decoding/validation.py), the command line and ``csd run`` read it.
+A speculative mode per acceptance rule (config/acceptance.py): sjd is the strict rule, every other one is named by
+its rule. Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .acceptance import RULES
+
+__all__ = ["Mode", "MODE_TABLE", "MODES", "TREE_MODES", "COUPLED_MODES"]
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One decoding mode. rule: the acceptance rule of its verification (None: jd's exact match); window: it drafts
+    a window (ar verifies one sampled token per pass); coupling: it takes a coupling for its next drafts (the others
+    draw them independently); needs_q: its drafts carry their q (with temperature > 0); tree: it takes tree=(K, D)."""
+
+    name: str
+    rule: Optional[str]
+    window: bool = True
+    coupling: bool = True
+    needs_q: bool = True
+    tree: bool = True
+    help: str = ""
+
+
+def _speculative(rule, **facts) -> Mode:
+    return Mode(rule.name, rule.name, help=f"speculative Jacobi decoding, {rule.label.split(' ')[0]}'s rule", **facts)
+
+
+# gsd's resampling law is max(p − q·a, 0), not the strict residual the maximal coupling redraws from: it drafts
+# independently, as its authors do, and draws no tree.
+_FACTS = {"gsd": dict(coupling=False, tree=False)}
+_ORDER = {rule: 0 if rule.name == "gsd" else 1 for rule in RULES}  # gsd before csd, as the modes always were
+MODE_TABLE: dict = {m.name: m for m in (
+    Mode("ar", "strict", window=False, coupling=False, needs_q=False, tree=False, help="autoregressive, one token a "
+         "pass"),
+    Mode("jd", None, coupling=False, needs_q=False, tree=False, help="Jacobi decoding: a draft is kept while it "
+         "equals the fresh sample"),
+    Mode("sjd", "strict", help="speculative Jacobi decoding, lossless"),
+    *(_speculative(rule, **_FACTS.get(rule.name, {})) for rule in sorted(RULES[1:], key=_ORDER.get)),
+)}
+MODES = tuple(MODE_TABLE)
+TREE_MODES = tuple(name for name, m in MODE_TABLE.items() if m.tree)
+COUPLED_MODES = tuple(name for name, m in MODE_TABLE.items() if m.coupling)

@@ -1,0 +1,99 @@
+// gsd's group acceptance a(y) for every token of one position (reference.rules.group_acceptance), shared by the CPU
+// and CUDA kernels (chain and tree). The loops go through an executor X, as in tree_row.h: a serial loop on the CPU,
+// a thread block on the GPU. X provides each(n, f), barrier(), sort(keys, n) (uint64 ascending) and
+// scan(w, n, out) (out[0] = 0, out[i + 1] = float(fp64 sum of w[0..i]), as torch.cumsum on the CPU).
+//
+// Ranks: p sorted descending, ties by token id (a key (~order_key(p) << 32 | id) sorted ascending). The group of the
+// token at rank r is the ranks [max(r - k, lo), min(r + k, hi)] (always holding r), lo = the first rank whose
+// p <= fl(p_r + delta), hi = the last rank whose p >= fl(p_r - delta); its sums are differences of the rounded
+// prefix sums. No torch headers.
+#pragma once
+
+#include <stdint.h>
+
+#include "ieee.h"
+
+namespace csd {
+
+// The scratch of one position: keys [V] (a power of two >= V on the GPU, see gsd_scratch_floats), the sorted p and
+// q [V], their prefix sums [V + 1] and a(y) by token [V].
+struct GsdScratch {
+  uint64_t* keys;
+  float *ps, *qs, *cum_p, *cum_q, *a;
+};
+
+// Bytes of one position's scratch (keys_len >= V keys, then 5V + 2 floats), 8-byte aligned.
+CSD_HD int64_t gsd_scratch_bytes(int64_t V, int64_t keys_len) { return 8 * keys_len + ((4 * (5 * V + 2) + 7) / 8) * 8; }
+
+// The scratch of position `item` in a workspace of such blocks.
+CSD_HD GsdScratch gsd_scratch(void* base, int64_t item, int64_t V, int64_t keys_len) {
+  char* block = static_cast<char*>(base) + item * gsd_scratch_bytes(V, keys_len);
+  float* f = reinterpret_cast<float*>(block + 8 * keys_len);
+  return GsdScratch{reinterpret_cast<uint64_t*>(block), f, f + V, f + 2 * V, f + 3 * V + 1, f + 4 * V + 2};
+}
+
+// Number of ranks i with ps[i] > t (ps descending).
+CSD_HD int64_t count_above(const float* ps, int64_t n, float t) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (ps[mid] > t)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// Number of ranks i with ps[i] >= t (ps descending).
+CSD_HD int64_t count_at_least(const float* ps, int64_t n, float t) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (ps[mid] >= t)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// s.a[y] = min(1, sum_G(y) p / sum_G(y) q) (0 when the group has no q mass) for every token y; p_at(v), q_at(v):
+// p and q at token v. Every thread of X calls this; s.a is complete after it returns.
+template <class X, class P, class Q>
+CSD_HD void gsd_groups(int64_t V, int64_t k, float delta, P p_at, Q q_at, const GsdScratch& s, X& ex) {
+  ex.each(V, [&](int64_t v) {
+    s.keys[v] = (static_cast<uint64_t>(~float_order_key(p_at(v))) << 32) | static_cast<uint64_t>(v);
+  });
+  ex.barrier();
+  ex.sort(s.keys, V);
+  ex.each(V, [&](int64_t r) {
+    const int64_t v = static_cast<int64_t>(s.keys[r] & 0xFFFFFFFFull);
+    s.ps[r] = p_at(v);
+    s.qs[r] = q_at(v);
+  });
+  ex.barrier();
+  ex.scan(s.ps, V, s.cum_p);
+  ex.scan(s.qs, V, s.cum_q);
+  ex.barrier();
+  ex.each(V, [&](int64_t r) {
+    const float pr = s.ps[r];
+    const int64_t lo_p = count_above(s.ps, V, f_add(pr, delta));
+    const int64_t hi_p = count_at_least(s.ps, V, f_sub(pr, delta)) - 1;
+    int64_t low = r - k > lo_p ? r - k : lo_p;
+    int64_t high = r + k < hi_p ? r + k : hi_p;
+    low = low < 0 ? 0 : (low > V - 1 ? V - 1 : low);
+    high = high < 0 ? 0 : (high > V - 1 ? V - 1 : high);
+    high = high > r ? high : r;
+    low = low < r ? low : r;
+    float sum_p = f_sub(s.cum_p[high + 1], s.cum_p[low]);
+    float sum_q = f_sub(s.cum_q[high + 1], s.cum_q[low]);
+    sum_p = sum_p > 0.0f ? sum_p : 0.0f;
+    sum_q = sum_q > 0.0f ? sum_q : 0.0f;
+    const float ratio = sum_q > 0.0f ? f_div(sum_p, sum_q) : 0.0f;
+    s.a[s.keys[r] & 0xFFFFFFFFull] = ratio > 1.0f ? 1.0f : ratio;
+  });
+  ex.barrier();
+}
+
+}  // namespace csd

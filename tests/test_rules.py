@@ -1,0 +1,327 @@
+"""The acceptance rules: one table, written once, and every rule's exact law.
+
+* The table (config/acceptance.py) is what the compiled kernels, the op's schemas, the Triton launchers,
+  GenerationConfig and the modes read: the C++ enum's order and parameter counts, the schemas' argument lists
+  (backends/spec.py), the config fields, one mode per rule.
+* Each rule's a(y) equals a plain-loop transcription of its definition (reference/rules.py's docstring) on small
+  vocabularies; the sampler's output law, taken exactly over a fine grid of u_sample, is q·a + (1 − Σq·a)·r with r
+  the rule's resampling law; the distortion the op returns is ½Σ|out − p| of that law (0 for strict).
+* The compiled backends emit that law (χ² with N = 40,000 rows over V = 7, fixed seeds, passing at p > 1e-3; the
+  power statement of tests/test_statistics.py holds: a shift of 0.01 in TVD between two tokens of probability ≈ 0.14
+  is detected with probability > 0.99; each relaxed rule's law is also rejected against p, so the relaxation acts).
+* Every backend that runs here reproduces reference.verify for every rule: tokens exactly, the statistics to 1e-4.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import csd_kernels as ck
+from csd_kernels import reference as ref
+from csd_kernels import testing
+from csd_kernels.backends.spec import TREE_ARGS, VERIFY_ARGS, VerifyArgs, compiled_names
+from csd_kernels.config.acceptance import PARAMS, RULES, rule_named
+from csd_kernels.config.generation import GenerationConfig
+from csd_kernels.config.modes import MODE_TABLE
+from csd_kernels.config.rules import ArgumentError
+
+BACKENDS = [name for name in ck.available_backends("cpu") if name != "triton"]  # the interpreter: test_triton_kernel
+RELAXED = [r.name for r in RULES if not r.lossless]
+# parameters under which each rule's relaxation acts on the small laws below
+PARAMS_OF = {"strict": {}, "csd": dict(entropy_coef=0.05, tvd_threshold=1.0),
+             "gsd": dict(group_rank=2, group_delta=0.15),
+             "arsample": {}, "lantern": dict(lantern_delta=0.1), "lantern++": dict(lantern_lambda=2.0)}
+
+
+def _neighbours(vocab: int, k: int, seed: int = 0) -> torch.Tensor:
+    return ref.codebook_neighbours(torch.randn(vocab, 2, generator=torch.Generator().manual_seed(seed)), k)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# one table
+# ----------------------------------------------------------------------------------------------------------------------
+def test_the_compiled_enum_is_the_table():
+    """csrc/include/rules.h's enum, by code: the same names in the same order, the same parameter counts."""
+    ext = pytest.importorskip("csd_kernels._C")
+    assert ext.rule_table() == [(r.code, r.name, len(r.params)) for r in RULES]
+
+
+def _schema(op) -> list:
+    return [(a.name, str(a.type)) for a in op._schema.arguments]
+
+
+def _spec(spec, compiled=False) -> list:
+    return [(a.name, a.type.replace("float[]", "List[float]")) for a in spec if a.compiled or not compiled]
+
+
+def test_the_op_schemas_are_the_argument_spec():
+    import csd_kernels.ops  # noqa: F401  (registers the ops)
+
+    assert [(n, t.replace("Optional[Tensor]", "Tensor?")) for n, t in _schema(torch.ops.csd_kernels.verify.default)] \
+        == _spec(VERIFY_ARGS) + [("backend", "str")]
+    assert [(n, t.replace("Optional[Tensor]", "Tensor?")) for n, t in
+            _schema(torch.ops.csd_kernels.verify_tree.default)] == _spec(TREE_ARGS) + [("backend", "str")]
+    if hasattr(torch.ops.csd_kernels, "verify_rows"):
+        assert [(n, t.replace("Optional[Tensor]", "Tensor?")) for n, t in
+                _schema(torch.ops.csd_kernels.verify_rows.default)] == _spec(VERIFY_ARGS, compiled=True)
+        assert [a.name for a in torch.ops.csd_kernels.verify_tree_rows.default._schema.arguments] == list(
+            compiled_names(TREE_ARGS))
+
+
+def test_the_triton_launchers_take_the_spec():
+    pytest.importorskip("triton")
+    from csd_kernels.backends.triton.verify import verify_triton
+    from csd_kernels.backends.triton.verify_tree import verify_tree_triton
+
+    assert list(inspect.signature(verify_triton).parameters) == ["a", "packed_outputs"]
+    assert inspect.signature(verify_triton).parameters["a"].annotation in (VerifyArgs, "VerifyArgs")
+    assert list(inspect.signature(verify_tree_triton).parameters) == ["a"]
+
+
+def test_generation_config_has_each_rule_parameter_once():
+    for name, param in PARAMS.items():
+        info = GenerationConfig.field_info(name)
+        defaults = {r.param(name).default for r in RULES if name in r.param_names()}
+        assert info["default"] == (param.default if len(defaults) == 1 else None), name
+        assert info["rule"].kind == param.check.kind and (info["rule"].low, info["rule"].high) == (
+            param.check.low, param.check.high), name
+
+
+def test_one_speculative_mode_per_rule():
+    by_rule = {}
+    for mode in MODE_TABLE.values():
+        if mode.rule is not None and mode.window:
+            by_rule.setdefault(mode.rule, []).append(mode.name)
+    assert by_rule == {r.name: ["sjd" if r.name == "strict" else r.name] for r in RULES}
+    assert not MODE_TABLE["gsd"].coupling and not MODE_TABLE["gsd"].tree  # its residual is not the strict one
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the op's checks, by the table
+# ----------------------------------------------------------------------------------------------------------------------
+def _small():
+    logits = torch.randn(1, 2, 6, generator=torch.Generator().manual_seed(0))
+    return logits, torch.tensor([[1, 2]])
+
+
+def test_bad_rules_and_parameters_are_named():
+    logits, drafts = _small()
+    with pytest.raises(ValueError, match="rule='nope': expected one of strict, csd, gsd, arsample, lantern, lantern"):
+        ck.verify(logits, drafts, rule="nope")
+    with pytest.raises(ArgumentError, match=r"lantern_delta=2: expected a finite number in \[0, 1\]"):
+        ck.verify(logits, drafts, rule="lantern", neighbours=_neighbours(6, 3), lantern_delta=2)
+    with pytest.raises(ArgumentError, match="group_rank=0"):
+        ck.verify(logits, drafts, rule="gsd", group_rank=0)
+    with pytest.raises(ArgumentError, match="arsample_scale=0"):
+        ck.verify(logits, drafts, rule="arsample", arsample_scale=0)
+    with pytest.raises(TypeError, match="lantern_detla"):
+        ck.verify(logits, drafts, rule="lantern", lantern_detla=0.1)
+    with pytest.raises(ValueError, match="needs neighbours="):
+        ck.verify(logits, drafts, rule="lantern++")
+    with pytest.raises(ValueError, match=r"neighbours must be an integer tensor \[V, k\] = \[6, k\]"):
+        ck.verify(logits, drafts, rule="lantern", neighbours=torch.zeros(5, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="lantern_k=4 exceeds the neighbour table's width 3"):
+        ck.verify(logits, drafts, rule="lantern", neighbours=_neighbours(6, 3), lantern_k=4)
+    with pytest.raises(ValueError, match="maximal"):
+        ck.verify(logits, drafts, rule="gsd", coupling="maximal")
+    ck.verify(logits, drafts, rule="strict", lantern_delta=0.5, group_rank=3)  # other rules' parameters are ignored
+
+
+def test_codebook_neighbours_is_nearest_first_without_itself():
+    codebook = torch.tensor([[0.0], [1.0], [3.0], [3.5], [10.0]])
+    table = ck.codebook_neighbours(codebook, 2)
+    assert table.tolist() == [[1, 2], [0, 2], [3, 1], [2, 1], [3, 2]]
+    with pytest.raises(ValueError, match=r"k must be an int in \[1, V - 1\] = \[1, 4\]"):
+        ck.codebook_neighbours(codebook, 5)
+    with pytest.raises(ValueError, match="codebook must be a floating-point tensor"):
+        ck.codebook_neighbours(torch.zeros(5, 2, dtype=torch.int64), 2)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# exact laws on small vocabularies
+# ----------------------------------------------------------------------------------------------------------------------
+def naive_a(rule: str, p: list, q: list, y: int, params: dict, neighbours=None) -> float:
+    """a(y) transcribed from reference/rules.py's docstring, in plain Python (float64)."""
+    if q[y] <= 0 or p[y] <= 0:
+        return 0.0
+    ratio = p[y] / q[y]
+    h = -sum(x * math.log(x) for x in p if x > 0)
+    if rule == "csd":
+        tvd = 0.5 * sum(abs(a - b) for a, b in zip(p, q))
+        return min(1.0, ratio + params["entropy_coef"] * h if tvd < params["tvd_threshold"] else ratio)
+    if rule == "arsample":
+        s = min(1.0, max(0.0, h / params["arsample_scale"] + params["arsample_offset"]))
+        return 1.0 if s == 0 else min(1.0, min(1.0, ratio) / s)
+    if rule in ("lantern", "lantern++"):
+        limit = params["lantern_delta"] if rule == "lantern" else (params["lantern_lambda"] - 1) * p[y]
+        c = best = 0.0
+        for v in neighbours[y][:params["lantern_k"]]:
+            c += p[v]
+            if c > limit:
+                break
+            best = c
+        return min(1.0, (p[y] + best) / q[y])
+    if rule == "gsd":
+        order = sorted(range(len(p)), key=lambda v: (-p[v], v))
+        r = order.index(y)
+        group = [v for i, v in enumerate(order)
+                 if abs(i - r) <= params["group_rank"] and abs(p[v] - p[y]) <= params["group_delta"]]
+        mass_q = sum(q[v] for v in group)
+        return min(1.0, sum(p[v] for v in group) / mass_q) if mass_q > 0 else 0.0
+    return min(1.0, ratio)
+
+
+def naive_law(rule: str, p: list, q: list, params: dict, neighbours=None) -> tuple:
+    """(out, distortion): out = q·a + (1 − Σq·a)·norm(max(p − q·a, 0)), ½Σ|out − p|."""
+    qa = [q[y] * naive_a(rule, p, q, y, params, neighbours) for y in range(len(p))]
+    residual = [max(a - b, 0.0) for a, b in zip(p, qa)]
+    total = sum(residual)
+    residual = [r / total for r in residual] if total > 0 else list(p)
+    rejected = 1 - sum(qa)
+    out = [a + rejected * r for a, r in zip(qa, residual)]
+    return out, 0.5 * sum(abs(a - b) for a, b in zip(out, p))
+
+
+def _pair(vocab: int, seed: int) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(1.5 * torch.randn(vocab, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(1.5 * torch.randn(vocab, generator=g, dtype=torch.float64), -1)
+    return p, q
+
+
+def _full_params(rule: str, vocab: int) -> dict:
+    params = ref.rule_parameters(rule, PARAMS_OF[rule])
+    if rule.startswith("lantern"):
+        params["lantern_k"] = min(params["lantern_k"], 3)
+    return params
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("rule", [r.name for r in RULES])
+def test_each_rule_is_its_definition(rule, seed):
+    vocab = 8
+    p, q = _pair(vocab, seed)
+    nb = _neighbours(vocab, 3, seed)
+    params = _full_params(rule, vocab)
+    got = ref.Acceptance(rule, p, q, neighbours=nb, **params).at(torch.arange(vocab))
+    want = [naive_a(rule, p.tolist(), q.tolist(), y, params, nb.tolist()) for y in range(vocab)]
+    assert got.tolist() == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize("rule", [r.name for r in RULES])
+def test_the_sampler_emits_the_rule_s_law_exactly(rule):
+    """One window position over V = 6, every draft x enumerated: accept with the op's a(x), else the token drawn at
+    each of M midpoints of u_sample (the law of the inverse-CDF draw, exact to 1/M per token): the emitted law is
+    naive_law's, and the distortion the op returns is its ½Σ|out − p|."""
+    vocab, m = 6, 1 << 13
+    p, q = _pair(vocab, 11)
+    nb = _neighbours(vocab, 3, 11)
+    params = _full_params(rule, vocab)
+    logits = torch.log(p)[None, None].expand(m, 1, vocab)
+    grid = ((torch.arange(m, dtype=torch.float64) + 0.5) / m)[:, None]
+    law = torch.zeros(vocab, dtype=torch.float64)
+    distortions = []
+    for x in range(vocab):
+        res = ref.verify(logits, torch.full((m, 1), x), q[None, None].expand(m, 1, vocab), rule=rule, neighbours=nb,
+                         gather_distortion=True, start=torch.zeros(m, dtype=torch.int64),
+                         positions=torch.zeros(m, dtype=torch.int64), seed=torch.tensor([0]), offset=torch.tensor([0]),
+                         compute_dtype=torch.float64, uniforms=(torch.ones(m, 1), grid), **params)  # u_a = 1: reject
+        a = float(res.accept_prob[0, 0])
+        resampled = torch.bincount(res.tokens[:, 0], minlength=vocab).double() / m
+        law += float(q[x]) * (a * torch.nn.functional.one_hot(torch.tensor(x), vocab) + (1 - a) * resampled)
+        distortions.append(float(res.distortion[0, 0]))
+    out, distortion = naive_law(rule, p.tolist(), q.tolist(), params, nb.tolist())
+    assert law.tolist() == pytest.approx(out, abs=2 * vocab / m)
+    assert distortions == pytest.approx([distortion] * vocab, rel=2 ** -23)  # the op returns float32
+    if rule == "strict":
+        assert distortion < 1e-12
+    else:
+        assert distortion > 0.01  # the relaxation moves the law: the comparison has teeth
+
+
+def test_lantern_distortion_is_nan_unless_gathered_and_zero_without_a_draft():
+    logits, _ = _small()
+    drafts = torch.tensor([[1, -1]])
+    for backend in BACKENDS:
+        res = ck.verify(logits, drafts, rule="lantern", neighbours=_neighbours(6, 3), backend=backend)
+        assert math.isnan(res.distortion[0, 0]) and res.distortion[0, 1] == 0
+        res = ck.verify(logits, drafts, rule="lantern", neighbours=_neighbours(6, 3), gather_distortion=True,
+                        backend=backend)
+        assert math.isfinite(res.distortion[0, 0])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the law the compiled backends emit (χ²)
+# ----------------------------------------------------------------------------------------------------------------------
+N, V7 = 40000, 7
+# no group edge, lantern bound or prefix sum lies within float32 rounding of another (gsd δ = 0.15, lantern δ = 0.1,
+# lantern++ bound p(x)): the op computes in float32, naive_law in float64
+P7 = torch.tensor([0.301, 0.203, 0.147, 0.152, 0.103, 0.057, 0.037], dtype=torch.float64)
+Q7 = torch.tensor([0.10, 0.25, 0.20, 0.05, 0.15, 0.15, 0.10], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rule", RELAXED)
+def test_each_backend_emits_the_rule_s_law(backend, rule):
+    nb = _neighbours(V7, 3, 5)
+    params = _full_params(rule, V7)
+    out, distortion = naive_law(rule, P7.tolist(), Q7.tolist(), params, nb.tolist())
+    drafts = torch.multinomial(Q7.float(), N, replacement=True, generator=torch.Generator().manual_seed(1))
+    res = ck.verify(torch.log(P7).float().expand(N, 1, V7), drafts[:, None], Q7.float().reshape(1, 1, V7).expand(
+        N, 1, V7), rule=rule, neighbours=nb, gather_distortion=True, seed=1, backend=backend, **params)
+    counts = torch.bincount(res.tokens[:, 0], minlength=V7).double().numpy()
+    assert chisquare(counts, (torch.tensor(out) * N).numpy()).pvalue > 1e-3
+    assert chisquare(counts, (P7 * N).numpy()).pvalue < 1e-12  # the law is not p: the test above has power
+    assert res.distortion[:, 0].tolist() == pytest.approx([distortion] * N, rel=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# every backend = the reference, every rule
+# ----------------------------------------------------------------------------------------------------------------------
+CASES = [  # (case options, op options)
+    (dict(q="jacobi"), dict(coupling="maximal")),
+    (dict(q="dense", seed_rows=True), dict(coupling="gumbel", temperature=0.8)),
+    (dict(q=None, int_logits=True), dict(top_k=50)),
+    (dict(q="uniform", dtype=torch.bfloat16), dict(top_p=0.9)),
+    (dict(q="sparse", start=3, bad_tokens=True), dict(min_p=0.01)),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rule", RELAXED)
+@pytest.mark.parametrize("case_kw, op_kw", CASES)
+def test_backend_equals_reference(backend, rule, case_kw, op_kw):
+    if rule == "gsd" and op_kw.get("coupling") == "maximal":
+        op_kw = dict(op_kw, coupling="independent")
+    vocab = 1000
+    case = testing.make_case(3, 16, vocab, cfg=True, favourite=0.4, seed=len(rule), **case_kw)
+    nb = _neighbours(vocab, 24, 3)
+    options = dict(cfg_scale=1.5, rule=rule, gather_distortion=True, **op_kw)
+    got = ck.verify(**case, neighbours=nb, backend=backend, validate=False, **options)
+    testing.compare(got, testing.reference_result(case, neighbours=nb, **options))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_many_random_rows_tolerate_rare_ties(backend):
+    """Over many rows and every rule the integer outputs may differ only by float tie splits (<= 0.1% of rows)."""
+    mismatches = rows = 0
+    nb = _neighbours(257, 16, 4)
+    for trial, rule in enumerate(RELAXED * 2):
+        case = testing.make_case(64, 8, 257, q=("dense", "uniform", None)[trial % 3], cfg=bool(trial % 2),
+                                 seed=2000 + trial, seed_rows=bool(trial % 3 == 0))
+        options = dict(cfg_scale=1.3 if trial % 2 else 1.0, rule=rule, temperature=0.5 + 0.1 * trial,
+                       coupling="gumbel")
+        got = ck.verify(**case, neighbours=nb, backend=backend, validate=False, **options)
+        mismatches += testing.compare(got, testing.reference_result(case, neighbours=nb, **options), exact=False)
+        rows += 64
+    assert mismatches <= max(1, rows // 1000), f"{mismatches} of {rows} rows differ"
+
+
+def test_rule_label_formats_its_parameters():
+    assert rule_named("csd").label.format(**ref.rule_parameters("csd", {})) == "csd λ=0.5 τ=0.65"
+    assert rule_named("lantern").label.format(**ref.rule_parameters("lantern", {})) == "lantern δ=0.1 k=1000"
