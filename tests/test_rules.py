@@ -46,9 +46,11 @@ def _neighbours(vocab: int, k: int, seed: int = 0) -> torch.Tensor:
 # one table
 # ----------------------------------------------------------------------------------------------------------------------
 def test_the_compiled_enum_is_the_table():
-    """csrc/include/rules.h's enum, by code: the same names in the same order, the same parameter counts."""
+    """csrc/include/rules.h's enum, by code: the same names in the same order, the same parameter counts and the
+    facts the kernels switch on (lossless, residual_qa, the distortion gathered only on request)."""
     ext = pytest.importorskip("csd_kernels._C")
-    assert ext.rule_table() == [(r.code, r.name, len(r.params)) for r in RULES]
+    assert ext.rule_table() == [(r.code, r.name, len(r.params), r.lossless, r.residual_qa, r.distortion_gathers)
+                                for r in RULES]
 
 
 def _schema(op) -> list:

@@ -113,4 +113,5 @@ CSD_HD void gsd_groups(int64_t V, int64_t k, float delta, P p_at, Q q_at, const 
   ex.barrier();
 }
 
+
 }  // namespace csd
