@@ -18,6 +18,13 @@ over each rule's parameter grid, written as PREFIX.json / .csv / .png and PREFIX
 above (arsample c 4.5, lantern δ 0.4, lantern++ λ 20) — the figures of ar, sjd, csd and gsd on the same prompts and
 seeds are benchmarks/frontier_scenes.py's (docs/img/scenes_frontier.json); the full grid costs several CPU hours here.
 
+``--rest``: ar, gsd over its grid (its default is in frontier_scenes.py's run) and the rules' points --new-rules leaves
+out; ``--combine`` of the three runs is the whole grid:
+
+    python benchmarks/frontier_rules.py --rest --out docs/img/scenes_rules_rest
+    python benchmarks/frontier_rules.py --combine docs/img/scenes_frontier.json docs/img/scenes_rules_textures.json \
+        docs/img/scenes_rules_rest.json --out docs/img/scenes_rules_all
+
 ``--weights DIR`` takes another trained scenes model (e.g. a retrained world); the JSON records which.
 """
 import argparse
@@ -39,8 +46,20 @@ NEW_RULES = {"arsample": [{}, {"arsample_scale": 4.5}], "lantern": [{}, {"lanter
              "lantern++": [{}, {"lantern_lambda": 20.0}]}
 
 
-def grid(smoke: bool, new_rules: bool = False) -> list:
-    """The settings: the full grids, (smoke) each rule at one point, or (new_rules) ar and NEW_RULES."""
+def rest_of_grid() -> list:
+    """ar, gsd over GSD_GRID but its default (frontier_scenes.py runs that) and each rule's points of RULE_GRIDS that
+    --new-rules leaves out: with those two runs and frontier_scenes.py's, the whole grid on the same prompts."""
+    gsd = [s for s in frontier.settings((), (), (), trees=(), sjd_couplings=(), gsd=GSD_GRID) if s.mode == "gsd"]
+    done = {s.label for s in frontier.rule_settings(NEW_RULES)}
+    rules = [s for s in frontier.rule_settings(RULE_GRIDS) if s.label not in done]
+    return [frontier.Setting("ar", "ar"), *gsd[1:], *rules]
+
+
+def grid(smoke: bool, new_rules: bool = False, rest: bool = False) -> list:
+    """The settings: the full grids, (smoke) each rule at one point, (new_rules) ar and NEW_RULES, or (rest)
+    rest_of_grid()."""
+    if rest:
+        return rest_of_grid()
     if new_rules:
         return [frontier.Setting("ar", "ar")] + frontier.rule_settings(NEW_RULES)
     if smoke:
@@ -80,6 +99,7 @@ def main() -> None:
     parser.add_argument("--weights", default=None, help="a trained scenes model's folder (default: the shipped one)")
     parser.add_argument("--smoke", action="store_true", help="each rule at one point of its grid")
     parser.add_argument("--new-rules", action="store_true", help="ar and the new rules at two points each")
+    parser.add_argument("--rest", action="store_true", help="ar, gsd's grid and the rules' points --new-rules leaves")
     parser.add_argument("--combine", nargs="+", metavar="JSON", help="merge earlier runs instead of running")
     parser.add_argument("--out", default="docs/img/scenes_rules", help="output prefix")
     args = parser.parse_args()
@@ -92,7 +112,8 @@ def main() -> None:
         return
     prompts = measurement_prompts("scenes", images=args.images)
     result = frontier.sweep("scenes", seeds=tuple(range(args.seeds)), workers=args.workers,
-                            grid=grid(args.smoke, args.new_rules), prompts=prompts, options=dict(weights=args.weights))
+                            grid=grid(args.smoke, args.new_rules, args.rest), prompts=prompts,
+                            options=dict(weights=args.weights))
     print(frontier.format_table(result, labels=list(result["results"])))
     print("\n".join(frontier.summary_lines(result)))
     for path in frontier.save(result, args.out).values():

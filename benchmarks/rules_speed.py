@@ -5,7 +5,8 @@
 Shapes (B, L, V) = (1, 16, 16384) and (8, 16, 16384): fp32 logits with CFG (scale 5), q a noisy copy of p, the drafts
 drawn from q, independent coupling, the probabilities returned (as the loop calls it). Each rule at its table
 defaults (config/acceptance.py); lantern and lantern++ with a neighbour table of a random codebook [V, 8] (k = 1000
-and 10 columns), and lantern once more with ``gather_distortion=True`` (its exact distortion: k gathers per token).
+and 10 columns), and gsd and lantern once more with ``gather_distortion=True`` (their exact distortion: gsd sorts
+every position's row, lantern gathers k per token).
 Every rule runs once per repeat, in turn (a change in the machine's load hits all alike), each timed call after an
 untimed one of the same rule (so no rule pays for the caches its predecessor filled); the table gives the median
 milliseconds per call and its ratio to strict's, the same for the fastest call (less exposed to a shared machine's
@@ -44,6 +45,7 @@ def calls(neighbours: torch.Tensor) -> dict:
     for rule in RULES:
         extra = dict(neighbours=neighbours) if rule.needs_neighbours else {}
         out[rule.name] = dict(rule=rule.name, **extra)
+    out["gsd +distortion"] = dict(rule="gsd", gather_distortion=True)
     out["lantern +distortion"] = dict(rule="lantern", neighbours=neighbours, gather_distortion=True)
     return out
 

@@ -96,18 +96,18 @@ def _drafts(g, probs, cond, vocab, from_q, favourite):
 
 
 def rule_inputs(rule: str, vocab: int, *, k: int = 3, seed: int = 0) -> dict:
-    """What ``rule`` needs besides its parameters, for a test over every rule: the lantern rules' neighbour table
-    (``neighbours=``) of a random codebook [V, 3], k = min(k, V − 1) nearest codes (V = 1: one entry outside [0, V),
-    which lends nothing), and their exact distortion (``gather_distortion=True``; NaN otherwise); {} for the other
-    rules."""
+    """What ``rule`` needs besides its parameters, for a test over every rule: the exact distortion of the rules that
+    compute it on request (``gather_distortion=True``: gsd, lantern, lantern++; NaN otherwise) and the lantern
+    rules' neighbour table (``neighbours=``) of a random codebook [V, 3], k = min(k, V − 1) nearest codes (V = 1: one
+    entry outside [0, V), which lends nothing); {} for the other rules."""
     spec = rule_named(rule)
-    if not spec.needs_neighbours:
-        return {}
-    extra = {"gather_distortion": True} if spec.distortion_gathers else {}
-    if vocab < 2:
-        return {"neighbours": torch.full((vocab, 1), -1, dtype=torch.int64), **extra}
-    codebook = torch.randn(vocab, 3, generator=torch.Generator().manual_seed(seed))
-    return {"neighbours": ref.codebook_neighbours(codebook, min(k, vocab - 1)), **extra}
+    out = {"gather_distortion": True} if spec.distortion_gathers else {}
+    if spec.needs_neighbours and vocab < 2:
+        out["neighbours"] = torch.full((vocab, 1), -1, dtype=torch.int64)
+    elif spec.needs_neighbours:
+        codebook = torch.randn(vocab, 3, generator=torch.Generator().manual_seed(seed))
+        out["neighbours"] = ref.codebook_neighbours(codebook, min(k, vocab - 1))
+    return out
 
 
 def reference_result(case: dict, **options) -> ref.VerifyResult:

@@ -135,12 +135,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "rule_table",
       [] {
-        std::vector<std::tuple<int, std::string, int>> rules;
-        for (const csd::RuleInfo& r : csd::kRuleInfo) rules.emplace_back(int(r.code), r.name, r.params);
+        std::vector<std::tuple<int, std::string, int, bool, bool, bool>> rules;
+        for (const csd::RuleInfo& r : csd::kRuleInfo)
+          rules.emplace_back(int(r.code), r.name, r.params, r.lossless, r.residual_qa, r.gathers);
         return rules;
       },
-      "The acceptance rules of the kernels: (code, name, parameter count) from csd::Rule (the tests hold them to "
-      "config/acceptance.py)");
+      "The acceptance rules of the kernels: (code, name, parameter count, lossless, residual_qa, gathers) from "
+      "csd::kRuleInfo (the tests hold them to config/acceptance.py)");
   m.def("philox4x32", &philox4x32, "Philox4x32-10 of uint32 values in int64 tensors -> 4 int64 tensors",
         pybind11::arg("c0"), pybind11::arg("c1"), pybind11::arg("c2"), pybind11::arg("c3"), pybind11::arg("k0"),
         pybind11::arg("k1"));

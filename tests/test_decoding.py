@@ -8,6 +8,7 @@ import torch
 from conftest import build_tiny_llama
 from scipy.stats import chi2_contingency
 
+from csd_kernels.config.modes import exact_distortion
 from csd_kernels.decoding import COUPLINGS, MODES, generate
 from csd_kernels.models import ImageGPT
 
@@ -103,7 +104,7 @@ def test_jd_is_lossless_with_fresh_samples(lossless_model, ar_samples):
                                       ("gsd", dict(group_delta=1.0))])
 def test_lossy_modes_are_detected(lossless_model, ar_samples, mode, kw):
     """The power check: relaxed acceptance on the same model is caught by the same test."""
-    codes, out = _codes(lossless_model, mode, seed=0, **kw)
+    codes, out = _codes(lossless_model, mode, seed=0, **kw, **exact_distortion(mode))
     assert min(_check_same_law(ar_samples, codes)) < 1e-6
     assert float(out.distortion_map.max()) > 0
 

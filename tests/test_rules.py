@@ -46,9 +46,11 @@ def _neighbours(vocab: int, k: int, seed: int = 0) -> torch.Tensor:
 # one table
 # ----------------------------------------------------------------------------------------------------------------------
 def test_the_compiled_enum_is_the_table():
-    """csrc/include/rules.h's enum, by code: the same names in the same order, the same parameter counts."""
+    """csrc/include/rules.h's enum, by code: the same names in the same order, the same parameter counts and the
+    facts the kernels switch on (lossless, residual_qa, the distortion gathered only on request)."""
     ext = pytest.importorskip("csd_kernels._C")
-    assert ext.rule_table() == [(r.code, r.name, len(r.params)) for r in RULES]
+    assert ext.rule_table() == [(r.code, r.name, len(r.params), r.lossless, r.residual_qa, r.distortion_gathers)
+                                for r in RULES]
 
 
 def _schema(op) -> list:
@@ -304,6 +306,30 @@ def test_backend_equals_reference(backend, rule, case_kw, op_kw):
     options = dict(cfg_scale=1.5, rule=rule, gather_distortion=True, **op_kw)
     got = ck.verify(**case, neighbours=nb, backend=backend, validate=False, **options)
     testing.compare(got, testing.reference_result(case, neighbours=nb, **options))
+
+
+GSD_POINTS = [dict(group_rank=12, group_delta=0.15), dict(group_rank=1, group_delta=0.0),
+              dict(group_rank=3, group_delta=1.0), dict(group_rank=64, group_delta=0.05),
+              dict(group_rank=65, group_delta=0.3), dict(group_rank=5000, group_delta=0.2)]
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ extension is not built")
+@pytest.mark.parametrize("point", GSD_POINTS, ids=lambda p: f"k{p['group_rank']}d{p['group_delta']}")
+@pytest.mark.parametrize("case_kw, op_kw", CASES + [(dict(q="dense"), dict(temperature=0.0))])
+def test_gsd_decides_without_the_sorted_row_as_with_it(point, case_kw, op_kw):
+    """The CPU decides gsd from the draft's own group (its rank, window and k nearest keys; no sort) unless the
+    distortion is asked for, and sorts only for the residual at a row's first rejection: the same tokens, accepted
+    lengths and a(x) as with the whole row sorted at every position (k > 64: the sorted row either way)."""
+    op_kw = dict(op_kw, coupling="independent") if op_kw.get("coupling") == "maximal" else op_kw
+    case = testing.make_case(4, 16, 300, cfg=True, favourite=0.4, seed=point["group_rank"], **case_kw)
+    options = dict(cfg_scale=1.5, rule="gsd", backend="cpu", validate=False, **point, **op_kw)
+    fast, sorted_ = (ck.verify(**case, gather_distortion=g, **options) for g in (False, True))
+    assert torch.equal(fast.tokens, sorted_.tokens) and torch.equal(fast.accept_len, sorted_.accept_len)
+    torch.testing.assert_close(fast.accept_prob, sorted_.accept_prob, rtol=1e-6, atol=1e-9, equal_nan=True)
+    assert fast.distortion.isnan().any() and (fast.distortion.isnan() | (fast.distortion == 0)).all()  # 0: no draft
+    assert sorted_.distortion.isfinite().all()
+    if case_kw.get("q") == "jacobi":  # the groups decide something here
+        assert ((fast.accept_prob > 0) & (fast.accept_prob < 1)).sum() > 8
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

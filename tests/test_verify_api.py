@@ -8,6 +8,7 @@ from torch.library import opcheck
 import csd_kernels as ck
 from csd_kernels import reference as ref
 from csd_kernels import testing
+from csd_kernels.config.acceptance import rule_named
 
 BACKENDS = ck.available_backends("cpu")
 FAST_BACKENDS = [name for name in BACKENDS if name != "triton"]  # the interpreter runs one program at a time
@@ -146,9 +147,10 @@ def _op_args(backend, with_probs, rule="csd"):
                 start=zeros, positions=zeros, seed=torch.tensor([3]), offset=torch.tensor([1]))
     lantern = rule.startswith("lantern")
     neighbours = torch.randint(0, 9, (9, 3), generator=torch.Generator().manual_seed(0)) if lantern else None
-    # lantern's distortion gathered: NaN (not computed) would never compare equal between eager and traced calls
+    # the distortion gathered where it is on request: NaN (not computed) never compares equal between eager and
+    # traced calls
     args = testing.backend_args(case, cfg_scale=3.0, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, rule=rule,
-                                neighbours=neighbours, gather_distortion=lantern,
+                                neighbours=neighbours, gather_distortion=rule_named(rule).distortion_gathers,
                                 coupling="maximal" if rule != "gsd" else "gumbel")
     return (*args, backend)
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..config.acceptance import GRID_RULES, PARAMS, rule_named
 from ..config.generation import DEFAULT_COUPLING, run_label
-from ..config.modes import MODE_TABLE
+from ..config.modes import MODE_TABLE, exact_distortion
 from ..constants import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
 from ..decoding.validation import TREE_MODES
 from ..fileio.outputs import Output
@@ -73,8 +73,7 @@ class Setting:
         if self.mode == "csd":
             kwargs.update(entropy_coef=self.entropy_coef, tvd_threshold=self.tvd_threshold)
         kwargs.update(self.params)
-        if self.rule is not None and rule_named(self.rule).distortion_gathers:
-            kwargs["gather_distortion"] = True  # the distortion axis, exact (V·k gathers per position)
+        kwargs.update(exact_distortion(self.mode))  # the distortion axis, exact
         if self.static or self.tree is not None:
             kwargs["static"] = True
         if self.tree is not None:

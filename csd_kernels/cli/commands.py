@@ -24,7 +24,7 @@ from .. import __version__, zoo
 from ..bench.frontier import summarise
 from ..config.acceptance import GRID_RULES
 from ..config.generation import run_label
-from ..config.modes import COUPLED_MODES
+from ..config.modes import COUPLED_MODES, exact_distortion
 from ..constants import COUPLINGS
 from ..decoding import DEFAULT_COUPLING, GenerationConfig, generate
 from ..decoding.validation import check, check_backend, check_device, check_generate, check_tree, row_seeds
@@ -307,7 +307,7 @@ def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, 
         for seed in seeds:
             begin = time.perf_counter()
             out = generate(entry.model, **inputs, mode=mode, coupling=coupling, seed=seed * num, progress=progress,
-                           **generate_kwargs)
+                           **{**generate_kwargs, **exact_distortion(mode)})  # the table's distortion, exact
             record = {"passes": float(out.passes_per_row().mean()), "wall": time.perf_counter() - begin,
                       "distortion": float(out.distortion_per_row().mean())}
             if entry.quality is not None:  # a measure without a value here (no background named) is left out

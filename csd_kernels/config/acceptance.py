@@ -50,8 +50,10 @@ class AcceptanceRule:
     the group's q mass), not only q(x); needs_neighbours: it takes the codebook's neighbour table (``neighbours=``);
     residual_qa: the resampling law is max(p − q·a, 0) over the rule's a(y) for every y (gsd) rather than
     max(p − q, 0) (the two are equal when a(y) >= min(1, p/q), as for every other rule); distortion_gathers: the exact
-    distortion needs a gather per token and neighbour (V·k per position), so it is computed only on request
-    (``gather_distortion=True``; NaN otherwise); label: how reports name it; source: where the rule comes from."""
+    distortion needs a(y) for every token at a cost beyond a pass over the row (lantern: a gather per token and
+    neighbour, V·k per position; gsd: the whole row sorted, where the decision needs only the draft's group), so it is
+    computed only on request (``gather_distortion=True``; NaN otherwise); label: how reports name it; source: where
+    the rule comes from."""
 
     name: str
     params: tuple
@@ -107,7 +109,7 @@ RULES: tuple = (
                    label="csd λ={entropy_coef:g} τ={tvd_threshold:g}", source="aderfebr/CSD"),
     AcceptanceRule("gsd", (_GROUP_RANK, _GROUP_DELTA), lossless=False, needs_q=True, needs_neighbours=False,
                    label="gsd k={group_rank} δ={group_delta:g}", source="So et al. 2025; the CSD repository's GSD",
-                   residual_qa=True),
+                   residual_qa=True, distortion_gathers=True),
     AcceptanceRule("arsample", (_AR_SCALE, _AR_OFFSET), lossless=False, needs_q=False, needs_neighbours=False,
                    label="arsample c={arsample_scale:g} s0={arsample_offset:g}", source="krennic999/ARsample"),
     AcceptanceRule("lantern", (_LANTERN_DELTA, _lantern_k(1000)), lossless=False, needs_q=False,

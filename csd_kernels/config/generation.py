@@ -105,8 +105,9 @@ class GenerationConfig:
                              flag=None)
     tree: Optional[tuple] = _setting(None, None, "a draft tree (K, D) in every window (docs/trees.md)", flag="own",
                                      shown="none, a chain")
-    gather_distortion: bool = _setting(False, bool_rule(), "the distortion map of lantern and lantern++ too (k "
-                                       "gathers per token; NaN without)", flag=None)
+    gather_distortion: bool = _setting(False, bool_rule(), "the distortion map of gsd, lantern and lantern++ too "
+                                       "(every token's a(y): gsd sorts each row, lantern gathers k per token; NaN "
+                                       "without)", flag=None)
     # the acceptance rules' parameters, one field each (config/acceptance.py; tests/test_rules.py holds them to it)
     entropy_coef: float = _rule_param("entropy_coef")
     tvd_threshold: float = _rule_param("tvd_threshold")

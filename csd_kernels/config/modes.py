@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .acceptance import RULES
+from .acceptance import RULES, rule_named
 
-__all__ = ["Mode", "MODE_TABLE", "MODES", "TREE_MODES", "COUPLED_MODES"]
+__all__ = ["Mode", "MODE_TABLE", "MODES", "TREE_MODES", "COUPLED_MODES", "exact_distortion"]
 
 
 @dataclass(frozen=True)
@@ -48,3 +48,10 @@ MODE_TABLE: dict = {m.name: m for m in (
 MODES = tuple(MODE_TABLE)
 TREE_MODES = tuple(name for name, m in MODE_TABLE.items() if m.tree)
 COUPLED_MODES = tuple(name for name, m in MODE_TABLE.items() if m.coupling)
+
+
+def exact_distortion(mode: str) -> dict:
+    """The keywords a run that reports ``mode``'s distortion passes: ``gather_distortion=True`` where the rule
+    computes it only on request (gsd, lantern, lantern++: config/acceptance.py's distortion_gathers), else none."""
+    rule = MODE_TABLE[mode].rule
+    return {"gather_distortion": True} if rule is not None and rule_named(rule).distortion_gathers else {}

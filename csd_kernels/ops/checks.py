@@ -13,7 +13,8 @@ from ..config.acceptance import MAX_PARAMS, PARAMS, param_values, rule_named
 from ..config.rules import real_rule
 
 __all__ = ["FLOAT_DTYPES", "SeedLike", "check_real", "philox_word", "word_tensor", "check_logits", "check_device",
-           "check_nucleus", "check_scalars", "check_rule", "rule_keywords", "CheckedRule"]
+           "check_nucleus", "check_scalars", "check_rule", "rule_keywords", "CheckedRule", "Options",
+           "check_options"]
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the logits the ops take
 SeedLike = Union[int, torch.Tensor]
@@ -152,3 +153,28 @@ def _check_neighbours(rule: str, neighbours, vocab: int, device: torch.device) -
     if neighbours.dtype != torch.int64 or neighbours.stride(-1) != 1:
         neighbours = neighbours.to(torch.int64).contiguous()
     return neighbours
+
+
+class Options(NamedTuple):
+    """Every scalar option of an op call as the backends take it (backends/spec.py's names)."""
+
+    cfg_scale: float
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    coupling: int
+    rule: CheckedRule
+
+
+def check_options(op: str, *, has_uncond: bool, cfg_scale, temperature, top_k, top_p, min_p, coupling: str,
+                  rule: str, rule_params: dict, neighbours, vocab: int, device: torch.device) -> Options:
+    """The options of ``op`` (verify, verify_tree) checked, in one place: the scalars, the rule with its parameters
+    and neighbour table, a coupling the rule's resampling law allows, top_p / min_p."""
+    cfg_scale, temperature, top_k, coupling_code = check_scalars(has_uncond, cfg_scale, temperature, top_k, coupling)
+    checked = check_rule(rule, rule_keywords(rule_params, op), neighbours, vocab, device)
+    if coupling == "maximal" and rule_named(rule).residual_qa:
+        raise ValueError(f"coupling='maximal' redraws from the strict residual max(p - q, 0); rule={rule!r} resamples "
+                         "from max(p - q·a, 0): use coupling 'independent' or 'gumbel'")
+    top_p, min_p = check_nucleus(top_p, min_p)
+    return Options(cfg_scale, temperature, top_k, top_p, min_p, coupling_code, checked)

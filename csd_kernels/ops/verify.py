@@ -15,19 +15,9 @@ import torch
 from .. import reference as ref
 from ..backends.compiled import compiled_extension, verify_rows
 from ..backends.spec import VERIFY_ARGS, VERIFY_RETURNS, Arg, VerifyArgs, schema
-from ..config.acceptance import params_by_name, rule_named
+from ..config.acceptance import params_by_name
 from ..constants import SEED_LIMIT
-from .checks import (
-    SeedLike,
-    check_device,
-    check_logits,
-    check_nucleus,
-    check_rule,
-    check_scalars,
-    philox_word,
-    rule_keywords,
-    word_tensor,
-)
+from .checks import SeedLike, check_device, check_logits, check_options, philox_word, word_tensor
 from .registry import select_backend
 
 __all__ = ["VerifyResult", "VerifyArgs", "verify"]
@@ -225,13 +215,9 @@ def verify(
                                                                              uncond_logits, target_is_probs)
     batch, length, vocab = target_logits.shape
     device = target_logits.device
-    cfg_scale, temperature, top_k, coupling_code = check_scalars(uncond_logits is not None, cfg_scale, temperature,
-                                                                 top_k, coupling)
-    checked = check_rule(rule, rule_keywords(rule_params, "verify"), neighbours, vocab, device)
-    if coupling == "maximal" and rule_named(rule).residual_qa:
-        raise ValueError(f"coupling='maximal' redraws from the strict residual max(p - q, 0); rule={rule!r} resamples "
-                         "from max(p - q·a, 0): use coupling 'independent' or 'gumbel'")
-    top_p, min_p = check_nucleus(top_p, min_p)
+    o = check_options("verify", has_uncond=uncond_logits is not None, cfg_scale=cfg_scale, temperature=temperature,
+                      top_k=top_k, top_p=top_p, min_p=min_p, coupling=coupling, rule=rule, rule_params=rule_params,
+                      neighbours=neighbours, vocab=vocab, device=device)
     start = _index_tensor("start", start, batch, device, high=length)
     positions = _index_tensor("positions", positions, batch, device)
     seed = philox_word("seed", seed, device, allow_per_row=batch, limit=SEED_LIMIT)
@@ -241,11 +227,11 @@ def verify(
     if compiling or chosen != "triton":  # the eager Triton launch passes int seeds / offsets as kernel arguments
         seed, offset = word_tensor(seed, device), word_tensor(offset, device)
     args = VerifyArgs(target_logits=target_logits, draft_tokens=draft_tokens, draft_probs=draft_probs,
-                      uncond_logits=uncond_logits, neighbours=checked.neighbours, cfg_scale=cfg_scale,
-                      temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, target_is_probs=target_is_probs,
-                      rule=checked.code, rule_params=checked.params, gather_distortion=bool(gather_distortion),
-                      start=start, coupling=coupling_code, positions=positions, seed=seed, offset=offset,
-                      return_probs=return_probs)
+                      uncond_logits=uncond_logits, neighbours=o.rule.neighbours, cfg_scale=o.cfg_scale,
+                      temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
+                      target_is_probs=target_is_probs, rule=o.rule.code, rule_params=o.rule.params,
+                      gather_distortion=bool(gather_distortion), start=start, coupling=o.coupling,
+                      positions=positions, seed=seed, offset=offset, return_probs=return_probs)
     if compiling:
         outputs = torch.ops.csd_kernels.verify(*args, chosen)  # the registered op: traced through its fake
     else:  # eager: the same implementation without the dispatcher's per-call cost

@@ -18,17 +18,7 @@ from ..backends.compiled import has_tree, verify_tree_rows
 from ..backends.spec import TREE_ARGS, TREE_RETURNS, Arg, TreeArgs, schema
 from ..config.acceptance import params_by_name
 from ..constants import SEED_LIMIT
-from .checks import (
-    SeedLike,
-    check_device,
-    check_logits,
-    check_nucleus,
-    check_rule,
-    check_scalars,
-    philox_word,
-    rule_keywords,
-    word_tensor,
-)
+from .checks import SeedLike, check_device, check_logits, check_options, philox_word, word_tensor
 from .registry import select_tree_backend
 
 __all__ = ["TreeResult", "verify_tree"]
@@ -160,10 +150,9 @@ def verify_tree(
         if uncond_logits.dtype != target_logits.dtype:
             raise ValueError(f"uncond_logits must have the dtype of target_logits ({target_logits.dtype}), got "
                              f"{uncond_logits.dtype}")
-    cfg_scale, temperature, top_k, _ = check_scalars(uncond_logits is not None, cfg_scale, temperature, top_k,
-                                                     "independent")
-    checked = check_rule(rule, rule_keywords(rule_params, "verify_tree"), neighbours, vocab, device)
-    top_p, min_p = check_nucleus(top_p, min_p)
+    o = check_options("verify_tree", has_uncond=uncond_logits is not None, cfg_scale=cfg_scale,
+                      temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, coupling="independent",
+                      rule=rule, rule_params=rule_params, neighbours=neighbours, vocab=vocab, device=device)
     seed = word_tensor(philox_word("seed", seed, device, allow_per_row=batch, limit=SEED_LIMIT), device)
     offset = word_tensor(philox_word("offset", offset, device, allow_per_row=batch, limit=SEED_LIMIT), device)
     chosen = select_tree_backend(backend, device)
@@ -171,10 +160,10 @@ def verify_tree(
     on_device = layout.children.device == device
     tree = layout if compiling or on_device else device_layout(layout.branching, layout.depth_limit, slots, device)
     args = TreeArgs(target_logits=target_logits, uncond_logits=uncond_logits, node_tokens=node_tokens,
-                    draft_probs=draft_probs, sibling_probs=sibling_probs, neighbours=checked.neighbours,
+                    draft_probs=draft_probs, sibling_probs=sibling_probs, neighbours=o.rule.neighbours,
                     children=tree.children.to(device), depth=tree.depth.to(device), branching=layout.branching,
-                    depth_limit=layout.depth_limit, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
-                    top_p=top_p, min_p=min_p, rule=checked.code, rule_params=checked.params,
+                    depth_limit=layout.depth_limit, cfg_scale=o.cfg_scale, temperature=o.temperature, top_k=o.top_k,
+                    top_p=o.top_p, min_p=o.min_p, rule=o.rule.code, rule_params=o.rule.params,
                     gather_distortion=bool(gather_distortion), seed=seed, offset=offset)
     if compiling:
         outputs = torch.ops.csd_kernels.verify_tree(*args, chosen)  # the registered op: traced through its fake

@@ -15,6 +15,7 @@ namespace csd {
 // The executor of tree_row on one CPU thread: every "block" operation is a loop.
 struct SerialExec {
   static constexpr int kLanes = 8;
+  static constexpr bool kInOrder = true;  // each(n, f) visits 0 .. n - 1 in order, on one thread
   std::vector<float>& tmp;
 
   template <class F>

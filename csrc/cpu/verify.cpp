@@ -139,6 +139,14 @@ void run_typed(const Problem& P, int isa_override) {
     (void)isa;
     isa_base::process_range<T>(P, begin, end);
   });
+  if (P.prm.rule != kRuleGsd || P.prm.gather_distortion) return;
+  at::parallel_for(0, P.B, 1, [&](int64_t begin, int64_t end) {  // gsd's residual draws, one per row at most
+#if CSD_CPU_X86
+    if (isa == Isa::kAvx512) return isa_avx512::finish_deferred<T>(P, begin, end);
+    if (isa == Isa::kAvx2) return isa_avx2::finish_deferred<T>(P, begin, end);
+#endif
+    isa_base::finish_deferred<T>(P, begin, end);
+  });
 }
 
 }  // namespace

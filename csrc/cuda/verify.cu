@@ -225,8 +225,8 @@ __global__ void __launch_bounds__(kRowThreads) verify_position_kernel(csd::Verif
   float distortion = 0.0f;
   if (!has_draft || rule_lossless(prm.rule)) {
     distortion = 0.0f;
-  } else if (rule_is_lantern(prm.rule) && !prm.gather_distortion) {
-    distortion = f_nan();  // k gathers per token: only when asked (gather_distortion)
+  } else if (rule_gathers_distortion(prm.rule) && !prm.gather_distortion) {
+    distortion = f_nan();  // a(y) for every y (lantern: k gathers each; gsd: the sorted row): when asked
   } else if (one_hot_q) {
     const float t = f_sub(dec.accept_prob, p_x);  // q = one-hot(x): the only term is max(a(x) - p(x), 0)
     distortion = x_in_support && t > 0.0f ? t : 0.0f;

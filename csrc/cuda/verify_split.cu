@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProbl
     float distortion = 0.0f;  // the slices summed the rule's terms (gsd never runs split)
     if (has_draft && !sums.bad_q && !rule_lossless(prm.rule) && (prm.rule != kRuleCsd || rr.gate))
       distortion = static_cast<float>(sums.dist);
-    if (has_draft && rule_is_lantern(prm.rule) && !prm.gather_distortion) distortion = f_nan();
+    if (has_draft && rule_gathers_distortion(prm.rule) && !prm.gather_distortion) distortion = f_nan();
 
     const Row<T>& r = row;
     auto w_p = [&r](int64_t v) { return r.p(v); };

@@ -311,6 +311,7 @@ CSD_HD int64_t next_pow2(int64_t n) {
 // every thread and returns the same value to all of them.
 template <int W>
 struct BlockExec {
+  static constexpr bool kInOrder = false;  // each(n, f) spreads 0 .. n - 1 over the block's threads
   BlockShared<W>& sh;
   static constexpr int kThreads = W * 32;
 

@@ -58,8 +58,27 @@ CSD_HD int64_t count_at_least(const float* ps, int64_t n, float t) {
   return lo;
 }
 
+// s.a[token at rank r] = min(1, sum p / sum q) over the group of rank r: the ranks within k of r and inside its
+// delta-window [lo_p, hi_p] (0 when the group has no q mass).
+CSD_HD void gsd_group_ratio(const GsdScratch& s, int64_t V, int64_t k, int64_t r, int64_t lo_p, int64_t hi_p) {
+  int64_t low = r - k > lo_p ? r - k : lo_p;
+  int64_t high = r + k < hi_p ? r + k : hi_p;
+  low = low < 0 ? 0 : (low > V - 1 ? V - 1 : low);
+  high = high < 0 ? 0 : (high > V - 1 ? V - 1 : high);
+  high = high > r ? high : r;
+  low = low < r ? low : r;
+  float sum_p = f_sub(s.cum_p[high + 1], s.cum_p[low]);
+  float sum_q = f_sub(s.cum_q[high + 1], s.cum_q[low]);
+  sum_p = sum_p > 0.0f ? sum_p : 0.0f;
+  sum_q = sum_q > 0.0f ? sum_q : 0.0f;
+  const float ratio = sum_q > 0.0f ? f_div(sum_p, sum_q) : 0.0f;
+  s.a[s.keys[r] & 0xFFFFFFFFull] = ratio > 1.0f ? 1.0f : ratio;
+}
+
 // s.a[y] = min(1, sum_G(y) p / sum_G(y) q) (0 when the group has no q mass) for every token y; p_at(v), q_at(v):
-// p and q at token v. Every thread of X calls this; s.a is complete after it returns.
+// p and q at token v. Every thread of X calls this; s.a is complete after it returns. An executor that visits the
+// ranks in order (X::kInOrder, the CPU's) finds each delta-window by two pointers: as r grows p_r falls, so both
+// bounds only move forward (O(V), where a search per rank costs O(V log V) in unpredictable branches).
 template <class X, class P, class Q>
 CSD_HD void gsd_groups(int64_t V, int64_t k, float delta, P p_at, Q q_at, const GsdScratch& s, X& ex) {
   ex.each(V, [&](int64_t v) {
@@ -76,24 +95,23 @@ CSD_HD void gsd_groups(int64_t V, int64_t k, float delta, P p_at, Q q_at, const 
   ex.scan(s.ps, V, s.cum_p);
   ex.scan(s.qs, V, s.cum_q);
   ex.barrier();
-  ex.each(V, [&](int64_t r) {
-    const float pr = s.ps[r];
-    const int64_t lo_p = count_above(s.ps, V, f_add(pr, delta));
-    const int64_t hi_p = count_at_least(s.ps, V, f_sub(pr, delta)) - 1;
-    int64_t low = r - k > lo_p ? r - k : lo_p;
-    int64_t high = r + k < hi_p ? r + k : hi_p;
-    low = low < 0 ? 0 : (low > V - 1 ? V - 1 : low);
-    high = high < 0 ? 0 : (high > V - 1 ? V - 1 : high);
-    high = high > r ? high : r;
-    low = low < r ? low : r;
-    float sum_p = f_sub(s.cum_p[high + 1], s.cum_p[low]);
-    float sum_q = f_sub(s.cum_q[high + 1], s.cum_q[low]);
-    sum_p = sum_p > 0.0f ? sum_p : 0.0f;
-    sum_q = sum_q > 0.0f ? sum_q : 0.0f;
-    const float ratio = sum_q > 0.0f ? f_div(sum_p, sum_q) : 0.0f;
-    s.a[s.keys[r] & 0xFFFFFFFFull] = ratio > 1.0f ? 1.0f : ratio;
-  });
+  if constexpr (X::kInOrder) {
+    int64_t above = 0, at_least = 0;  // count_above / count_at_least of rank r's bounds
+    for (int64_t r = 0; r < V; ++r) {
+      const float up = f_add(s.ps[r], delta), down = f_sub(s.ps[r], delta);
+      while (above < V && s.ps[above] > up) ++above;
+      while (at_least < V && s.ps[at_least] >= down) ++at_least;
+      gsd_group_ratio(s, V, k, r, above, at_least - 1);
+    }
+  } else {
+    ex.each(V, [&](int64_t r) {
+      const float pr = s.ps[r];
+      gsd_group_ratio(s, V, k, r, count_above(s.ps, V, f_add(pr, delta)),
+                      count_at_least(s.ps, V, f_sub(pr, delta)) - 1);
+    });
+  }
   ex.barrier();
 }
+
 
 }  // namespace csd

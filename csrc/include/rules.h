@@ -24,25 +24,38 @@ enum Rule : int {
 };
 constexpr int kMaxRuleParams = 4;
 
-// The enum as the extension reports it (code, name, parameter count), for the test against config/acceptance.py.
+// The enum as the extension reports it, with the facts the kernels switch on (tests/test_rules.py holds every field
+// to config/acceptance.py): lossless (distortion 0), residual_qa (the resampling law is max(p - q*a, 0) over every
+// a(y)), gathers (the exact distortion needs a(y) for every y at a cost beyond a pass: NaN unless
+// gather_distortion).
 struct RuleInfo {
   Rule code;
   const char* name;
   int params;
+  bool lossless, residual_qa, gathers;
 };
-constexpr RuleInfo kRuleInfo[kRuleCount] = {{kRuleStrict, "strict", 0},     {kRuleCsd, "csd", 2},
-                                            {kRuleGsd, "gsd", 2},           {kRuleArsample, "arsample", 2},
-                                            {kRuleLantern, "lantern", 2},   {kRuleLanternPlus, "lantern++", 2}};
+constexpr RuleInfo kRuleInfo[kRuleCount] = {
+    {kRuleStrict, "strict", 0, true, false, false},     {kRuleCsd, "csd", 2, false, false, false},
+    {kRuleGsd, "gsd", 2, false, true, true},            {kRuleArsample, "arsample", 2, false, false, false},
+    {kRuleLantern, "lantern", 2, false, false, true},   {kRuleLanternPlus, "lantern++", 2, false, false, true}};
 constexpr bool rule_info_in_code_order(int i = 0) {
   return i == kRuleCount || (kRuleInfo[i].code == i && rule_info_in_code_order(i + 1));
 }
 static_assert(rule_info_in_code_order(), "kRuleInfo must list the rules by code");
 
-CSD_HD bool rule_lossless(int rule) { return rule == kRuleStrict; }
+// The facts as comparisons (device code cannot index a host constexpr array), held to kRuleInfo at compile time.
+CSD_HD constexpr bool rule_lossless(int rule) { return rule == kRuleStrict; }
 // gsd resamples from max(p - q*a, 0) over its a(y) for every y; every other rule's a(y) >= min(1, p/q), so its
 // law max(p - q*a, 0) is max(p - q, 0).
-CSD_HD bool rule_residual_qa(int rule) { return rule == kRuleGsd; }
-CSD_HD bool rule_is_lantern(int rule) { return rule == kRuleLantern || rule == kRuleLanternPlus; }
+CSD_HD constexpr bool rule_residual_qa(int rule) { return rule == kRuleGsd; }
+CSD_HD constexpr bool rule_is_lantern(int rule) { return rule == kRuleLantern || rule == kRuleLanternPlus; }
+CSD_HD constexpr bool rule_gathers_distortion(int rule) { return rule == kRuleGsd || rule_is_lantern(rule); }
+constexpr bool rule_facts_are_the_info(int i = 0) {
+  return i == kRuleCount ||
+         (rule_lossless(i) == kRuleInfo[i].lossless && rule_residual_qa(i) == kRuleInfo[i].residual_qa &&
+          rule_gathers_distortion(i) == kRuleInfo[i].gathers && rule_facts_are_the_info(i + 1));
+}
+static_assert(rule_facts_are_the_info(), "the rule predicates must say what kRuleInfo says");
 
 // The row scalars a rule reads at one position, formed once.
 struct RuleRow {

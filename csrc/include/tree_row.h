@@ -205,8 +205,8 @@ CSD_HD void tree_row(const TreeProblem& P, int64_t b, X& ex) {
     auto qa = [&](int64_t v) { return gsd && n.in_support(z, v) ? f_mul(q[v], gs.a[v]) : 0.0f; };
     float distortion = 0.0f;
     if (i < M && has_draft && !rule_lossless(prm.rule)) {
-      if (rule_is_lantern(prm.rule) && !prm.gather_distortion) {
-        distortion = f_nan();  // k gathers per token: only when asked (gather_distortion)
+      if (rule_gathers_distortion(prm.rule) && !prm.gather_distortion) {
+        distortion = f_nan();  // a(y) for every y (lantern: k gathers each; gsd: the sorted row): when asked
       } else if (rule_is_lantern(prm.rule)) {
         distortion = static_cast<float>(ex.sum(V, [&](int64_t v) {
           return n.in_support(z, v) ? lantern_distortion_term(rr, prm.neighbours + v * prm.nb_stride, prm.nb_k, V,

@@ -81,7 +81,7 @@ struct VerifyParams {
   int64_t top_k;          // 0 or >= vocab: no restriction
   int rule;               // csd::Rule (rules.h)
   float rule_params[kMaxRuleParams];  // the rule's parameters, in config/acceptance.py's order
-  int gather_distortion;  // compute the distortion of rules that need gathers for it (lantern); else NaN
+  int gather_distortion;  // compute the distortion of the rules whose a(y) for every y costs more (lantern, gsd)
   const int64_t* neighbours;  // [V, nb_k] with row stride nb_stride (lantern), else nullptr
   int64_t nb_stride, nb_k;
   int coupling;         // kCoupling*
@@ -146,16 +146,27 @@ CSD_HD PositionDecision decide_position(const RuleRow& rr, float p_x, float q_x,
 // Per-row epilogue. flags[i], resampled[i] (token at accept_len), tokens[i] (on input: the "later" token) for the
 // row's L positions; draft tokens raw (any value) with stride. Writes tokens, *accept_len, *status.
 // The workspaces are read through volatile pointers: in the CUDA split path other blocks wrote them in this launch.
+// A resampled token not drawn yet (gsd without its distortion on the CPU: drawn at the row's first stop only).
+constexpr int64_t kResampleDeferred = -2;
+
+// The first position that ends the accepted prefix: a rejected one past the committed prefix, or bad logits;
+// length if none.
+CSD_HD int64_t first_stop(int64_t length, int64_t start, const volatile uint32_t* flags) {
+  for (int64_t i = 0; i < length; ++i) {
+    const uint32_t f = flags[i];
+    if ((!(f & kFlagAccepted) && i >= start) || (f & kFlagBadLogits)) return i;
+  }
+  return length;
+}
+
 CSD_HD void row_epilogue(int64_t length, int64_t vocab, int64_t start, const int64_t* draft_tokens,
                          int64_t draft_stride, const volatile uint32_t* flags, const volatile int64_t* resampled,
                          volatile int64_t* tokens, int32_t* accept_len, int32_t* status) {
-  int64_t al = length;
+  const int64_t al = first_stop(length, start, flags);
   int32_t st = 0;
   for (int64_t i = 0; i < length; ++i) {
     const uint32_t f = flags[i];
     const bool committed = i < start;
-    const bool stops = (!(f & kFlagAccepted) && !committed) || (f & kFlagBadLogits);
-    if (stops && al == length) al = i;
     if (f & kFlagBadLogits) st |= kStatusBadLogits;
     if (f & kFlagBadToken) st |= kStatusBadDraftToken;
     if ((f & kFlagBadProbs) && (f & kFlagHasDraft)) st |= kStatusBadDraftProbs;  // q decides only where drafted

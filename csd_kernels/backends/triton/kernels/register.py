@@ -150,7 +150,10 @@ def position_kernel(
         if RULE == rules.CSD:
             dist = tl.where(tvd < rule_p1, dist, 0.0)
     elif RULE == rules.GSD:
-        dist = tl.sum(tl.maximum(qa - p, 0.0), 0)
+        if GATHER_DIST:
+            dist = tl.sum(tl.maximum(qa - p, 0.0), 0)
+        else:
+            dist = tl.full((), float("nan"), tl.float32)  # on request, as on the backends that sort only for it
     elif rules.is_lantern(RULE):
         if GATHER_DIST:
             dist = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, rule_p0, c_row, u_row, m,
