@@ -227,6 +227,7 @@ def cmd_generate(args) -> dict:
         entry = _load(args)
         inputs = _prompt_inputs(entry, args.prompt, args.num)
         kwargs = _generate_kwargs(args, entry)
+        kwargs.update(exact_distortion(args.mode))  # stats.json and maps.png state the distortion
         if args.tree is not None:
             kwargs.update(tree=args.tree, static=True)  # trees run in the static loop
         begin = time.perf_counter()

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .. import zoo
-from ..config.modes import COUPLED_MODES
+from ..config.modes import COUPLED_MODES, exact_distortion
 from ..decoding import MODES, GenerationConfig, generate
 from ..decoding.validation import TREE_MODES, check, check_backend, check_generate, check_tree
 from ..fileio.inputs import read_prompt_lines, read_prompts
@@ -370,7 +370,7 @@ def _generate_batch(ctx: Dist, spec: RunSpec, entry, prompts: list, settings: di
     t0 = time.perf_counter()
     result = generate(entry.model, **entry.prompt_inputs([prompts[index] for _, index, _ in batch]), mode=mode,
                       seed=[s for _, _, s in batch], coupling=spec.coupling if mode in COUPLED_MODES else None,
-                      progress=False, **settings, **tree)
+                      progress=False, **{**settings, **exact_distortion(mode)}, **tree)  # records state it
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     wall = time.perf_counter() - t0
