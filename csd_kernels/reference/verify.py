@@ -139,7 +139,7 @@ def verify(
     tvd = total_variation(p, q)  # q is the zero vector where there is neither a draft nor draft_probs: TVD = ½
     acc = Acceptance(rule, p, q, support=target.support, h=target.h, tvd=tvd, neighbours=neighbours, **rule_params)
     accept_prob = torch.where(drafts.has_draft, acc.at(x[..., None])[..., 0], torch.zeros_like(target.h))
-    asked = not (acc.rule.distortion_gathers and not gather_distortion)  # else NaN (its cost: the rule's table)
+    asked = gather_distortion or not acc.rule.distortion_gathers  # else NaN (its cost: the rule's table)
     q_times_a = acc.accepted_mass() if acc.rule.residual_qa or (asked and not acc.rule.lossless) else None
     distortion = acc.distortion(q_times_a) if asked else torch.full_like(target.h, float("nan"))
     distortion = torch.where(drafts.has_draft, distortion, torch.zeros_like(distortion))

@@ -58,21 +58,34 @@ CSD_HD int64_t count_at_least(const float* ps, int64_t n, float t) {
   return lo;
 }
 
-// s.a[token at rank r] = min(1, sum p / sum q) over the group of rank r: the ranks within k of r and inside its
-// delta-window [lo_p, hi_p] (0 when the group has no q mass).
-CSD_HD void gsd_group_ratio(const GsdScratch& s, int64_t V, int64_t k, int64_t r, int64_t lo_p, int64_t hi_p) {
+// The group of rank r: the ranks [low, high] within k of r and inside its delta-window [lo_p, hi_p], clamped to the
+// row and always holding r.
+struct GsdGroup {
+  int64_t low, high;
+};
+CSD_HD GsdGroup gsd_group(int64_t V, int64_t k, int64_t r, int64_t lo_p, int64_t hi_p) {
   int64_t low = r - k > lo_p ? r - k : lo_p;
   int64_t high = r + k < hi_p ? r + k : hi_p;
   low = low < 0 ? 0 : (low > V - 1 ? V - 1 : low);
   high = high < 0 ? 0 : (high > V - 1 ? V - 1 : high);
-  high = high > r ? high : r;
-  low = low < r ? low : r;
-  float sum_p = f_sub(s.cum_p[high + 1], s.cum_p[low]);
-  float sum_q = f_sub(s.cum_q[high + 1], s.cum_q[low]);
+  return GsdGroup{low < r ? low : r, high > r ? high : r};
+}
+
+// a = min(1, sum p / sum q) of a group from the float prefix sums at its ends (0 when the group has no q mass).
+CSD_HD float gsd_ratio(float cp_low, float cp_high, float cq_low, float cq_high) {
+  float sum_p = f_sub(cp_high, cp_low);
+  float sum_q = f_sub(cq_high, cq_low);
   sum_p = sum_p > 0.0f ? sum_p : 0.0f;
   sum_q = sum_q > 0.0f ? sum_q : 0.0f;
   const float ratio = sum_q > 0.0f ? f_div(sum_p, sum_q) : 0.0f;
-  s.a[s.keys[r] & 0xFFFFFFFFull] = ratio > 1.0f ? 1.0f : ratio;
+  return ratio > 1.0f ? 1.0f : ratio;
+}
+
+// s.a[token at rank r]: gsd_ratio over gsd_group(r) from the sorted row's prefix sums.
+CSD_HD void gsd_group_ratio(const GsdScratch& s, int64_t V, int64_t k, int64_t r, int64_t lo_p, int64_t hi_p) {
+  const GsdGroup g = gsd_group(V, k, r, lo_p, hi_p);
+  s.a[s.keys[r] & 0xFFFFFFFFull] =
+      gsd_ratio(s.cum_p[g.low], s.cum_p[g.high + 1], s.cum_q[g.low], s.cum_q[g.high + 1]);
 }
 
 // s.a[y] = min(1, sum_G(y) p / sum_G(y) q) (0 when the group has no q mass) for every token y; p_at(v), q_at(v):
