@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...config.acceptance import RULES
+from ...text_table import text_table
 
 __all__ = ["Variant", "ResourceReport", "variants", "compile_variant", "compile_tree_kernel", "format_table"]
 
@@ -254,13 +255,10 @@ def _compile(kernel, signature: dict, constexprs: dict, num_warps: int, arch: in
 
 
 def format_table(reports: list[ResourceReport]) -> str:
-    header = (f"{'variant':<52} {'kernel':<24} {'block':>6} {'warps':>5} {'regs':>5} {'spill st/ld B':>14} "
-              f"{'stack B':>8}")
-    lines = [header, "-" * len(header)]
-    for r in reports:
-        lines.append(f"{r.label:<52} {r.kernel:<24} {r.block:>6} {r.num_warps:>5} {r.registers:>5} "
-                     f"{f'{r.spill_store_bytes}/{r.spill_load_bytes}':>14} {r.stack_bytes:>8}")
-    return "\n".join(lines)
+    columns = [("variant", "<52"), ("kernel", "<24"), ("block", ">6"), ("warps", ">5"), ("regs", ">5"),
+               ("spill st/ld B", ">14"), ("stack B", ">8")]
+    return text_table(columns, ([r.label, r.kernel, str(r.block), str(r.num_warps), str(r.registers),
+                                 f"{r.spill_store_bytes}/{r.spill_load_bytes}", str(r.stack_bytes)] for r in reports))
 
 
 def quick_variants() -> list[Variant]:
