@@ -152,12 +152,8 @@ inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std
   prm.probs_input = 0;
   prm.prob_sum_tolerance = kProbSumTolerance;
   P.logit_dtype = logit_dtype_code(target_logits, "target_logits", "csd_kernels.verify_tree_rows");
-  P.logits = target_logits.data_ptr();
-  P.lg_sB = target_logits.stride(0);
-  P.lg_sS = target_logits.stride(1);
-  P.uncond = uncond_logits.has_value() ? uncond_logits->data_ptr() : nullptr;
-  P.un_sB = uncond_logits.has_value() ? uncond_logits->stride(0) : 0;
-  P.un_sS = uncond_logits.has_value() ? uncond_logits->stride(1) : 0;
+  P.logits = logit_rows(target_logits);
+  P.uncond = logit_rows(uncond_logits);
   P.node_tokens = c.node_tokens.data_ptr<int64_t>();
   P.draft_probs = c.draft_probs.data_ptr<float>();
   P.sibling_probs = sibling_probs.has_value() ? c.sibling_probs.data_ptr<float>() : nullptr;

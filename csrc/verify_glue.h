@@ -26,6 +26,12 @@ struct CheckedArgs {
   int64_t q_sV;
 };
 
+// The kernels' view of a [B, rows, V] logit tensor (or of an absent one).
+inline LogitRows logit_rows(const std::optional<at::Tensor>& t) {
+  if (!t.has_value()) return LogitRows{nullptr, 0, 0};
+  return LogitRows{t->data_ptr(), t->stride(0), t->stride(1)};
+}
+
 inline int logit_dtype_code(const at::Tensor& t, const char* name, const char* op = "csd_kernels.verify_rows") {
   switch (t.scalar_type()) {
     case at::kFloat:
@@ -204,12 +210,8 @@ inline PreparedCall prepare_call(const CheckedArgs& a, const at::Tensor& target_
   P.L = a.L;
   P.prm = a.prm;
   P.logit_dtype = a.logit_dtype;
-  P.logits = target_logits.data_ptr();
-  P.lg_sB = target_logits.stride(0);
-  P.lg_sL = target_logits.stride(1);
-  P.uncond = uncond_logits.has_value() ? uncond_logits->data_ptr() : nullptr;
-  P.un_sB = uncond_logits.has_value() ? uncond_logits->stride(0) : 0;
-  P.un_sL = uncond_logits.has_value() ? uncond_logits->stride(1) : 0;
+  P.logits = logit_rows(target_logits);
+  P.uncond = logit_rows(uncond_logits);
   P.draft_probs = draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr;
   P.q_sB = draft_probs.has_value() ? draft_probs->stride(0) : 0;
   P.q_sL = draft_probs.has_value() ? draft_probs->stride(1) : 0;

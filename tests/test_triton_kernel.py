@@ -352,6 +352,27 @@ def test_every_rule_matches_reference(rule, case_kw, op_kw, path):
         assert (got.distortion > 0).any()  # the comparison has teeth
 
 
+GSD_POINTS = [  # (group_rank k, δ, case kwargs): k beyond V, δ = 0, a window over the whole row, tied p, one-hot q
+    (12, 0.15, dict(q="jacobi")), (1, 0.0, dict(q="jacobi", start=2)), (3, 1.0, dict(q="jacobi")),
+    (5000, 0.2, dict(q="jacobi", gen_seed=3)), (4, 0.05, dict(q="dense", int_logits=True)), (2, 0.1, dict(q=None)),
+]
+
+
+@pytest.mark.parametrize("k, delta, case_kw", GSD_POINTS, ids=lambda v: str(v) if not isinstance(v, dict) else "")
+def test_gsd_decides_without_the_sorted_row_as_with_it(k, delta, case_kw):
+    """gsd without its distortion decides from the draft's own group (no sort) and sorts only each row's first stop
+    (a second launch) for its residual: the reference's tokens, and the same tokens, accepted lengths and a(x) as
+    with the row sorted at every position (gather_distortion)."""
+    case = make_case(3, 8, 200, **case_kw)
+    options = dict(rule="gsd", coupling=0, temperature=0.8, group_rank=k, group_delta=delta)
+    fast, expected = run_both(case, **options)
+    sorted_, _ = run_both(case, gather_distortion=True, **options)
+    check(fast, expected, 200)
+    assert torch.equal(fast.tokens, sorted_.tokens) and torch.equal(fast.accept_len, sorted_.accept_len)
+    torch.testing.assert_close(fast.accept_prob, sorted_.accept_prob, rtol=1e-6, atol=1e-9)
+    assert fast.distortion.isnan().any() and sorted_.distortion.isfinite().all()
+
+
 def test_chunked_top_k_matches_reference():
     case = make_case(1, 2, 100, int_logits=True)
     got, expected = run_both(case, path="chunked", top_k=7, coupling=2)

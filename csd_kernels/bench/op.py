@@ -19,6 +19,7 @@ import torch
 
 from ..fileio.outputs import Output
 from ..testing import make_case
+from ..text_table import text_table
 
 JANUS_VOCAB, LUMINA_VOCAB = 16384, 8192
 DEFAULT_SHAPES = [(b, 16, v) for v in (JANUS_VOCAB, LUMINA_VOCAB) for b in (1, 4, 16)]
@@ -124,13 +125,11 @@ def rows_from_json(data: dict) -> list[BenchRow]:
 
 
 def format_table(rows: list[BenchRow]) -> str:
-    header = (f"{'backend':8} {'B':>3} {'L':>3} {'V':>6} {'probs':>5} {'time':>10} {'x read-once':>11} "
-              f"{'x faster than loop':>18}")
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        lines.append(f"{r.backend:8} {r.batch:3d} {r.length:3d} {r.vocab:6d} {str(r.return_probs):>5} "
-                     f"{r.seconds * 1e6:8.0f}µs {r.vs_read_once:11.2f} {r.speedup_vs_loop:18.1f}")
-    return "\n".join(lines)
+    columns = [("backend", "<8"), ("B", ">3"), ("L", ">3"), ("V", ">6"), ("probs", ">5"), ("time", ">10"),
+               ("x read-once", ">11"), ("x faster than loop", ">18")]
+    return text_table(columns, ([r.backend, str(r.batch), str(r.length), str(r.vocab), str(r.return_probs),
+                                 f"{r.seconds * 1e6:8.0f}µs", f"{r.vs_read_once:.2f}", f"{r.speedup_vs_loop:.1f}"]
+                                for r in rows))
 
 
 def save(rows: list[BenchRow], out: Union[str, Output], device_name: str) -> dict[str, str]:

@@ -84,19 +84,25 @@ struct SerialExec {
       if (w[v] > 0.0f) return v;
     return 0;
   }
-  // Stable ascending sort of keys by their high 32 bits (LSD radix, 8 bits a pass; a pass whose digit is the same
-  // for every key is skipped): keys written in token order keep it among equal high words.
+  // Stable ascending sort of keys by their high 32 bits (LSD radix, 8 bits a pass; the four digits' counts in one
+  // read, a pass whose digit is the same for every key skipped): keys written in token order keep it among equal
+  // high words.
   void sort(uint64_t* keys, int64_t n) const {
     static thread_local std::vector<uint64_t> buffer;
     if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+    int64_t count[4][257] = {};
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t high = static_cast<uint32_t>(keys[i] >> 32);
+      for (int d = 0; d < 4; ++d) ++count[d][((high >> (8 * d)) & 0xFF) + 1];
+    }
     uint64_t* src = keys;
     uint64_t* dst = buffer.data();
-    for (int shift = 32; shift < 64; shift += 8) {
-      int64_t count[257] = {};
-      for (int64_t i = 0; i < n; ++i) ++count[((src[i] >> shift) & 0xFF) + 1];
-      if (count[((src[0] >> shift) & 0xFF) + 1] == n) continue;
-      for (int d = 0; d < 256; ++d) count[d + 1] += count[d];
-      for (int64_t i = 0; i < n; ++i) dst[count[(src[i] >> shift) & 0xFF]++] = src[i];
+    for (int d = 0; d < 4; ++d) {
+      const int shift = 32 + 8 * d;
+      int64_t* c = count[d];
+      if (c[((src[0] >> shift) & 0xFF) + 1] == n) continue;
+      for (int b = 0; b < 256; ++b) c[b + 1] += c[b];
+      for (int64_t i = 0; i < n; ++i) dst[c[(src[i] >> shift) & 0xFF]++] = src[i];
       std::swap(src, dst);
     }
     if (src != keys) std::copy(src, src + n, keys);

@@ -13,12 +13,26 @@ namespace csd {
 namespace cuda {
 
 // Per-slice statistics and sums (struct of arrays over the B*L*S blocks) and the arrival counters.
+// What split_stats_kernel leaves of each slice: its max m_s, Z_s, S1_s, the argmax (T = 0) or gumbel argmax with
+// its value, the non-finite flag.
+struct SliceStats {
+  double z_sum, s1;
+  int64_t index;
+  float max, gumbel_best;
+  int32_t bad;
+};
+
+// What split_finish_kernel sums over each slice (|p - q|, max(p - q, 0), p, the distortion terms, q) and whether q
+// had a bad entry there.
+struct SliceSums {
+  double abs, residual, p, dist, q;
+  int32_t bad_q;
+};
+
 struct SplitWorkspace {
-  double *z_sum, *s1, *abs_sum, *residual_sum, *p_sum, *dist_sum, *q_sum;  // [P*S]
-  int64_t* index;                                                   // [P*S] argmax (T = 0) or gumbel argmax
-  float *max, *gumbel_best;                                         // [P*S]
-  int32_t *bad, *bad_q;                                             // [P*S]
-  unsigned *position_count, *row_count;                             // [B*L], [B]
+  SliceStats* stats;                     // [P*S]
+  SliceSums* sums;                       // [P*S]
+  unsigned *position_count, *row_count;  // [B*L], [B]
 };
 
 // Carves the workspace at `base` (or only measures it when base is nullptr); returns its size in bytes.
@@ -31,18 +45,8 @@ __host__ __device__ inline size_t carve_split_workspace(void* base, int64_t bloc
     at += (bytes + 15) / 16 * 16;
     return q;
   };
-  ws->z_sum = static_cast<double*>(take(blocks * sizeof(double)));
-  ws->s1 = static_cast<double*>(take(blocks * sizeof(double)));
-  ws->abs_sum = static_cast<double*>(take(blocks * sizeof(double)));
-  ws->residual_sum = static_cast<double*>(take(blocks * sizeof(double)));
-  ws->p_sum = static_cast<double*>(take(blocks * sizeof(double)));
-  ws->dist_sum = static_cast<double*>(take(blocks * sizeof(double)));
-  ws->q_sum = static_cast<double*>(take(blocks * sizeof(double)));
-  ws->index = static_cast<int64_t*>(take(blocks * sizeof(int64_t)));
-  ws->max = static_cast<float*>(take(blocks * sizeof(float)));
-  ws->gumbel_best = static_cast<float*>(take(blocks * sizeof(float)));
-  ws->bad = static_cast<int32_t*>(take(blocks * sizeof(int32_t)));
-  ws->bad_q = static_cast<int32_t*>(take(blocks * sizeof(int32_t)));
+  ws->stats = static_cast<SliceStats*>(take(blocks * sizeof(SliceStats)));
+  ws->sums = static_cast<SliceSums*>(take(blocks * sizeof(SliceSums)));
   ws->position_count = static_cast<unsigned*>(take(positions * sizeof(unsigned)));
   ws->row_count = static_cast<unsigned*>(take(rows * sizeof(unsigned)));
   return at;

@@ -22,8 +22,10 @@ constexpr int kSplitThreads = 128;
 constexpr int kSplitWarps = kSplitThreads / 32;
 using Shared = BlockShared<kSplitWarps>;
 
+// A block's coordinates, and the launch's workspace it reads and writes.
 struct SplitBlock {
   int64_t id, item, slice, n_split, b, i, v0, v1;
+  SplitWorkspace ws;
 };
 
 __device__ SplitBlock split_block_coords(const VerifyProblem& a) {
@@ -36,13 +38,8 @@ __device__ SplitBlock split_block_coords(const VerifyProblem& a) {
   c.i = c.item % a.L;
   c.v0 = c.slice * a.split_block;
   c.v1 = c.v0 + a.split_block < a.prm.vocab ? c.v0 + a.split_block : a.prm.vocab;
+  carve_split_workspace(a.workspace, a.B * a.L * c.n_split, a.B * a.L, a.B, &c.ws);
   return c;
-}
-
-__device__ SplitWorkspace workspace(const VerifyProblem& a) {
-  SplitWorkspace ws;
-  carve_split_workspace(a.workspace, a.B * a.L * split_count(a), a.B * a.L, a.B, &ws);
-  return ws;
 }
 
 // q(v) of one position with invalid entries read as 0 (the row-level flag then discards q altogether):
@@ -76,10 +73,9 @@ template <typename T>
 __global__ void __launch_bounds__(kSplitThreads) split_stats_kernel(VerifyProblem a) {
   __shared__ Shared sh;
   const SplitBlock c = split_block_coords(a);
-  const SplitWorkspace ws = workspace(a);
   if (threadIdx.x == 0 && c.slice == 0) {
-    ws.position_count[c.item] = 0u;
-    if (c.i == 0) ws.row_count[c.b] = 0u;
+    c.ws.position_count[c.item] = 0u;
+    if (c.i == 0) c.ws.row_count[c.b] = 0u;
   }
   const Row<T> row = make_row<T>(a, c.b, c.i);
 
@@ -133,14 +129,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_stats_kernel(VerifyProble
       index = block_argmax(best, best_i, sh, &gumbel_best);
     }
   }
-  if (threadIdx.x == 0) {
-    ws.max[c.id] = m;
-    ws.z_sum[c.id] = z_sum;
-    ws.s1[c.id] = s1;
-    ws.gumbel_best[c.id] = gumbel_best;
-    ws.index[c.id] = index;
-    ws.bad[c.id] = bad ? 1 : 0;
-  }
+  if (threadIdx.x == 0) c.ws.stats[c.id] = SliceStats{z_sum, s1, index, m, gumbel_best, bad ? 1 : 0};
 }
 
 // The position's softmax from its slice statistics: row.m / row.scale (or row.greedy_token), the entropy, the bad
@@ -152,25 +141,24 @@ struct Combined {
 };
 
 template <typename T>
-__device__ Combined combine_stats(const VerifyProblem& a, const SplitBlock& c, const SplitWorkspace& ws, Row<T>& row,
-                                  Shared& sh) {
-  const int64_t base = c.item * c.n_split;
+__device__ Combined combine_stats(const VerifyProblem& a, const SplitBlock& c, Row<T>& row, Shared& sh) {
+  const SliceStats* stats = c.ws.stats + c.item * c.n_split;
   Combined out{0.0f, false, 0};
   float m = -f_inf();
   bool bad = false;
   for (int64_t t = threadIdx.x; t < c.n_split; t += kSplitThreads) {
-    const float mt = ws.max[base + t];
+    const float mt = stats[t].max;
     m = mt > m ? mt : m;
-    bad |= ws.bad[base + t] != 0;
+    bad |= stats[t].bad != 0;
   }
   m = block_max(m, sh);
   out.bad = block_any(bad, sh) || !(m > -f_inf());  // bad input, or no finite logit in the row
   if (a.prm.greedy) {
     int64_t first = c.n_split;  // the first slice holding the maximum holds the first argmax
     for (int64_t t = threadIdx.x; t < c.n_split; t += kSplitThreads)
-      if (ws.max[base + t] == m && t < first) first = t;
+      if (stats[t].max == m && t < first) first = t;
     first = block_min_i64(first, sh);
-    row.greedy_token = first < c.n_split ? ws.index[base + first] : 0;
+    row.greedy_token = first < c.n_split ? stats[first].index : 0;
     out.gumbel_token = row.greedy_token;
     return out;
   }
@@ -178,13 +166,13 @@ __device__ Combined combine_stats(const VerifyProblem& a, const SplitBlock& c, c
   float best = -f_inf();
   int64_t best_i = a.prm.vocab;
   for (int64_t t = threadIdx.x; t < c.n_split; t += kSplitThreads) {
-    if (!(ws.max[base + t] > -f_inf())) continue;  // a slice of masked tokens only
-    const double shift = static_cast<double>(ws.max[base + t]) - static_cast<double>(m);
+    if (!(stats[t].max > -f_inf())) continue;  // a slice of masked tokens only
+    const double shift = static_cast<double>(stats[t].max) - static_cast<double>(m);
     const double scale = exp(shift);
-    z_total += ws.z_sum[base + t] * scale;
-    s1_total += scale * (ws.s1[base + t] + shift * ws.z_sum[base + t]);
-    const float g = ws.gumbel_best[base + t];
-    if (g > best) best = g, best_i = ws.index[base + t];  // slices in order: the first of equal values wins
+    z_total += stats[t].z_sum * scale;
+    s1_total += scale * (stats[t].s1 + shift * stats[t].z_sum);
+    const float g = stats[t].gumbel_best;
+    if (g > best) best = g, best_i = stats[t].index;  // slices in order: the first of equal values wins
   }
   z_total = block_sum(z_total, sh);
   s1_total = block_sum(s1_total, sh);
@@ -195,20 +183,20 @@ __device__ Combined combine_stats(const VerifyProblem& a, const SplitBlock& c, c
   return out;
 }
 
-// Inverse-CDF draw at u * total over weights w whose per-slice totals are `totals` [P*S]: thread 0 finds the slice
-// holding the target from the totals, then the block scans only that slice.
+// Inverse-CDF draw at u * total over weights w whose per-slice totals are the sums' field `total`: thread 0 finds the
+// slice holding the target from the totals, then the block scans only that slice.
 template <typename Wt>
-__device__ int64_t split_inverse_cdf(Wt w, const double* totals, const VerifyProblem& a, const SplitBlock& c, float u,
-                                     Shared& sh) {
-  const int64_t base = c.item * c.n_split;
+__device__ int64_t split_inverse_cdf(Wt w, double SliceSums::*total, const VerifyProblem& a, const SplitBlock& c,
+                                     float u, Shared& sh) {
+  const SliceSums* sums = c.ws.sums + c.item * c.n_split;
   if (threadIdx.x == 0) {
     double total = 0.0;
-    for (int64_t t = 0; t < c.n_split; ++t) total += __ldcg(totals + base + t);
+    for (int64_t t = 0; t < c.n_split; ++t) total += __ldcg(&(sums[t].*total));
     const float target = f_mul(u, static_cast<float>(total));
     double before = 0.0, before_last = 0.0;
     int64_t chosen = -1, last = 0;
     for (int64_t t = 0; t < c.n_split; ++t) {
-      const double wt = __ldcg(totals + base + t);
+      const double wt = __ldcg(&(sums[t].*total));
       if (chosen < 0 && static_cast<float>(before + wt) > target) chosen = t, sh.carry = before;
       if (wt > 0.0) last = t, before_last = before;
       before += wt;
@@ -238,18 +226,17 @@ struct PositionSums {
 };
 
 // has_q: draft_probs was given, so its row must sum to 1 within `tolerance`.
-__device__ PositionSums gather_sums(const SplitWorkspace& ws, const SplitBlock& c, bool has_q, double tolerance,
-                                    Shared& sh) {
-  const int64_t base = c.item * c.n_split;
+__device__ PositionSums gather_sums(const SplitBlock& c, bool has_q, double tolerance, Shared& sh) {
+  const SliceSums* sums = c.ws.sums + c.item * c.n_split;
   double abs_s = 0.0, res_s = 0.0, p_s = 0.0, dist_s = 0.0, q_s = 0.0;
   bool bad_q = false;
   for (int64_t t = threadIdx.x; t < c.n_split; t += kSplitThreads) {
-    abs_s += __ldcg(ws.abs_sum + base + t);
-    res_s += __ldcg(ws.residual_sum + base + t);
-    p_s += __ldcg(ws.p_sum + base + t);
-    dist_s += __ldcg(ws.dist_sum + base + t);
-    q_s += __ldcg(ws.q_sum + base + t);
-    bad_q |= __ldcg(ws.bad_q + base + t) != 0;
+    abs_s += __ldcg(&sums[t].abs);
+    res_s += __ldcg(&sums[t].residual);
+    p_s += __ldcg(&sums[t].p);
+    dist_s += __ldcg(&sums[t].dist);
+    q_s += __ldcg(&sums[t].q);
+    bad_q |= __ldcg(&sums[t].bad_q) != 0;
   }
   PositionSums s;
   s.abs = block_sum(abs_s, sh);
@@ -278,11 +265,10 @@ template <typename T>
 __global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProblem a) {
   __shared__ Shared sh;
   const SplitBlock c = split_block_coords(a);
-  const SplitWorkspace ws = workspace(a);
   const VerifyParams& prm = a.prm;
   const int64_t V = prm.vocab;
   Row<T> row = make_row<T>(a, c.b, c.i);
-  const Combined st = combine_stats(a, c, ws, row, sh);
+  const Combined st = combine_stats(a, c, row, sh);
 
   const int64_t raw_tok = a.draft_tokens[c.b * a.dt_sB + c.i * a.dt_sL];
   const bool bad_token = draft_token_is_bad(raw_tok, V);
@@ -317,18 +303,11 @@ __global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProbl
   const double abs_s = block_sum(sa, sh), res_s = block_sum(sr, sh), p_s = block_sum(sp, sh);
   const double dist_s = block_sum(sd, sh), q_s = block_sum(sq, sh);
   bad_q = block_any(bad_q, sh);
-  if (threadIdx.x == 0) {
-    ws.abs_sum[c.id] = abs_s;
-    ws.residual_sum[c.id] = res_s;
-    ws.p_sum[c.id] = p_s;
-    ws.dist_sum[c.id] = dist_s;
-    ws.q_sum[c.id] = q_s;
-    ws.bad_q[c.id] = bad_q ? 1 : 0;
-  }
-  if (!arrive_last(ws.position_count + c.item, static_cast<unsigned>(c.n_split), sh)) return;
+  if (threadIdx.x == 0) c.ws.sums[c.id] = SliceSums{abs_s, res_s, p_s, dist_s, q_s, bad_q ? 1 : 0};
+  if (!arrive_last(c.ws.position_count + c.item, static_cast<unsigned>(c.n_split), sh)) return;
 
   // ---- the last block of the position: decision, draws, outputs
-  const PositionSums sums = gather_sums(ws, c, a.draft_probs != nullptr, prm.prob_sum_tolerance, sh);
+  const PositionSums sums = gather_sums(c, a.draft_probs != nullptr, prm.prob_sum_tolerance, sh);
   const bool shared_seed = a.n_seed == 1;
   const RowKey key = row_key(a.seed[shared_seed ? 0 : c.b], shared_seed, c.b);
   const uint32_t pos = absolute_position(a.positions[c.b], c.i);
@@ -372,9 +351,9 @@ __global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProbl
     };
     const bool use_residual = has_draft && !sums.bad_q && sums.residual > 0.0;
     const bool need_from_p = !use_residual || prm.coupling == kCouplingIndependent;
-    const int64_t from_p = need_from_p ? split_inverse_cdf(w_p, ws.p_sum, a, c, u_sample, sh) : -1;
+    const int64_t from_p = need_from_p ? split_inverse_cdf(w_p, &SliceSums::p, a, c, u_sample, sh) : -1;
     const int64_t resampled =
-        use_residual ? split_inverse_cdf(w_res, ws.residual_sum, a, c, u_sample, sh) : from_p;
+        use_residual ? split_inverse_cdf(w_res, &SliceSums::residual, a, c, u_sample, sh) : from_p;
     int64_t later;
     if (prm.coupling == kCouplingIndependent)
       later = from_p;
@@ -394,7 +373,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProbl
   }
 
   // ---- the last position of the row to finish writes the row
-  if (!arrive_last(ws.row_count + c.b, static_cast<unsigned>(a.L), sh)) return;
+  if (!arrive_last(c.ws.row_count + c.b, static_cast<unsigned>(a.L), sh)) return;
   if (threadIdx.x == 0)
     row_epilogue(a.L, V, a.start[c.b], a.draft_tokens + c.b * a.dt_sB, a.dt_sL, a.flags + c.b * a.L,
                  a.resampled + c.b * a.L, a.tokens + c.b * a.L, a.accept_len + c.b, a.status + c.b);

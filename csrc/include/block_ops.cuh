@@ -216,8 +216,8 @@ template <typename T>
 __device__ Row<T> make_row(const VerifyProblem& a, int64_t b, int64_t i) {
   Row<T> row;
   row.prm = a.prm;
-  row.c = static_cast<const T*>(a.logits) + b * a.lg_sB + i * a.lg_sL;
-  row.u = a.uncond ? static_cast<const T*>(a.uncond) + b * a.un_sB + i * a.un_sL : nullptr;
+  row.c = a.logits.row<T>(b, i);
+  row.u = a.uncond.row<T>(b, i);
   return row;
 }
 

@@ -32,6 +32,13 @@ CSD_HD GsdScratch gsd_scratch(void* base, int64_t item, int64_t V, int64_t keys_
   return GsdScratch{reinterpret_cast<uint64_t*>(block), f, f + V, f + 2 * V, f + 3 * V + 1, f + 4 * V + 2};
 }
 
+// The rank key of token v with probability p (ascending = p descending, ties by token id), and p back from it.
+CSD_HD uint64_t gsd_rank_key(float p, int64_t v) {
+  return (static_cast<uint64_t>(~float_order_key(p)) << 32) | static_cast<uint64_t>(v);
+}
+CSD_HD int64_t gsd_key_token(uint64_t key) { return static_cast<int64_t>(key & 0xFFFFFFFFull); }
+CSD_HD float gsd_key_p(uint64_t key) { return float_from_order_key(~static_cast<uint32_t>(key >> 32)); }
+
 // Number of ranks i with ps[i] > t (ps descending).
 CSD_HD int64_t count_above(const float* ps, int64_t n, float t) {
   int64_t lo = 0, hi = n;
@@ -84,7 +91,7 @@ CSD_HD float gsd_ratio(float cp_low, float cp_high, float cq_low, float cq_high)
 // s.a[token at rank r]: gsd_ratio over gsd_group(r) from the sorted row's prefix sums.
 CSD_HD void gsd_group_ratio(const GsdScratch& s, int64_t V, int64_t k, int64_t r, int64_t lo_p, int64_t hi_p) {
   const GsdGroup g = gsd_group(V, k, r, lo_p, hi_p);
-  s.a[s.keys[r] & 0xFFFFFFFFull] =
+  s.a[gsd_key_token(s.keys[r])] =
       gsd_ratio(s.cum_p[g.low], s.cum_p[g.high + 1], s.cum_q[g.low], s.cum_q[g.high + 1]);
 }
 
@@ -95,12 +102,12 @@ CSD_HD void gsd_group_ratio(const GsdScratch& s, int64_t V, int64_t k, int64_t r
 template <class X, class P, class Q>
 CSD_HD void gsd_groups(int64_t V, int64_t k, float delta, P p_at, Q q_at, const GsdScratch& s, X& ex) {
   ex.each(V, [&](int64_t v) {
-    s.keys[v] = (static_cast<uint64_t>(~float_order_key(p_at(v))) << 32) | static_cast<uint64_t>(v);
+    s.keys[v] = gsd_rank_key(p_at(v), v);
   });
   ex.barrier();
   ex.sort(s.keys, V);
   ex.each(V, [&](int64_t r) {
-    const int64_t v = static_cast<int64_t>(s.keys[r] & 0xFFFFFFFFull);
+    const int64_t v = gsd_key_token(s.keys[r]);
     s.ps[r] = p_at(v);
     s.qs[r] = q_at(v);
   });

@@ -29,10 +29,8 @@ struct TreeProblem {
   int64_t B, S, M, K;    // rows, slots, draft levels (main-chain nodes), branching (children per node)
   VerifyParams prm;      // vocab, CFG, temperature, top-k / top-p / min-p, the rule (coupling unused)
   int logit_dtype;       // LogitDtype
-  const void* logits;    // [B, S, V], last-dim stride 1
-  int64_t lg_sB, lg_sS;
-  const void* uncond;    // nullptr when no CFG; same dtype/shape as logits
-  int64_t un_sB, un_sS;
+  LogitRows logits;      // [B, S, V]
+  LogitRows uncond;      // absent when no CFG; same dtype/shape as logits
   const int64_t* node_tokens;   // [B, S] contiguous; -1 (or anything outside [0, V)): missing candidate
   const float* draft_probs;     // [B, M, V] contiguous: q of each draft level
   const float* sibling_probs;   // [B, M, V] contiguous or nullptr (= draft_probs): the siblings' law
@@ -183,8 +181,8 @@ CSD_HD void tree_row(const TreeProblem& P, int64_t b, X& ex) {
   int64_t cur = 0, accept_len = M;
   const GsdScratch gs = P.gsd_workspace ? gsd_scratch(P.gsd_workspace, b, V, P.gsd_keys) : GsdScratch{};
   for (int64_t i = 0; i <= M; ++i) {
-    const T* c = static_cast<const T*>(P.logits) + b * P.lg_sB + cur * P.lg_sS;
-    const T* u = P.uncond ? static_cast<const T*>(P.uncond) + b * P.un_sB + cur * P.un_sS : nullptr;
+    const T* c = P.logits.row<T>(b, cur);
+    const T* u = P.uncond.row<T>(b, cur);
     const NodeTarget n = node_target<T>(P, c, u, z, pj, ex);
     if (n.bad) status |= kStatusBadLogits;
 

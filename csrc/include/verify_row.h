@@ -187,16 +187,24 @@ CSD_HD void row_epilogue(int64_t length, int64_t vocab, int64_t start, const int
   *status = st;
 }
 
+// A [B, rows, V] logit tensor (last-dim stride 1) as the kernels read it; data nullptr: absent (no CFG).
+struct LogitRows {
+  const void* data;
+  int64_t sB, sRow;
+  template <typename T>
+  CSD_HD const T* row(int64_t b, int64_t r) const {
+    return data ? static_cast<const T*>(data) + b * sB + r * sRow : nullptr;
+  }
+};
+
 // One verification call described by raw pointers and strides: what the torch glue (verify_glue.h) hands to the
 // CPU kernel and to the CUDA launcher alike. [B, L] outputs and workspaces are contiguous.
 struct VerifyProblem {
   int64_t B, L;
   VerifyParams prm;     // vocab, cfg, temperature, top_k, rule, lambda, tau, coupling
   int logit_dtype;      // LogitDtype
-  const void* logits;   // [B, L, V], last-dim stride 1
-  int64_t lg_sB, lg_sL;
-  const void* uncond;   // nullptr when no CFG; same dtype/shape as logits
-  int64_t un_sB, un_sL;
+  LogitRows logits;     // [B, L, V]
+  LogitRows uncond;     // absent when no CFG; same dtype/shape as logits
   const float* draft_probs;  // nullptr: one-hot q
   int64_t q_sB, q_sL, q_sV;  // q_sV in {0, 1}
   const int64_t* draft_tokens;

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...config.acceptance import RULES
+from ...text_table import text_table
 
 __all__ = ["Variant", "ResourceReport", "variants", "compile_variant", "compile_tree_kernel", "format_table"]
 
@@ -70,7 +71,8 @@ class ResourceReport:
 def variants(vocabs=(8192, 16384, 65536), rules=tuple(r.name for r in RULES)) -> list[Variant]:
     """The variants worth watching: the heaviest (CFG + q + top-k + csd + gumbel, the register / chunked path), the
     common one, gumbel without probs, greedy, one-hot (the split path); then each relaxed rule of ``rules`` but csd on
-    the common variant and, for lantern, with its gathered distortion (gsd: the register path only, V <= 16384)."""
+    the common variant and, for lantern and gsd, with its gathered distortion (gsd: the register path only,
+    V <= 16384; without its distortion also its second launch, the rows' first stops)."""
     out = []
     for vocab in vocabs:
         out.append(Variant(vocab, top_k=True, coupling=2))
@@ -82,7 +84,7 @@ def variants(vocabs=(8192, 16384, 65536), rules=tuple(r.name for r in RULES)) ->
             if rule == "gsd" and vocab > 16384 or rule in ("strict", "csd"):
                 continue
             out.append(Variant(vocab, rule=rule))
-            if rule.startswith("lantern"):
+            if rule.startswith("lantern") or rule == "gsd":
                 out.append(Variant(vocab, rule=rule, top_k=True, gather_distortion=True))
     return out
 
@@ -161,8 +163,10 @@ def _kernels(variant: Variant):
              "GATHER_DIST": variant.gather_distortion}
     if chosen.path != "split":
         kernel = register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel
-        return [(kernel, dict(flags, TOP_K=variant.top_k and not variant.greedy, BLOCK_V=chosen.block, TOP_P=nucleus,
-                              MIN_P=nucleus, PROBS=variant.target_probs), chosen.num_warps)]
+        constexprs = dict(flags, TOP_K=variant.top_k and not variant.greedy, BLOCK_V=chosen.block, TOP_P=nucleus,
+                          MIN_P=nucleus, PROBS=variant.target_probs)
+        rows = [dict(constexprs, GSD_ROWS=True)] if variant.rule == "gsd" and not variant.gather_distortion else []
+        return [(kernel, c, chosen.num_warps) for c in [constexprs, *rows]]
     n_split = -(-variant.vocab // chosen.block)
     stats = {"HAS_UNCOND": variant.has_uncond, "GREEDY": variant.greedy, "PER_ROW_SEED": False,
              "GUMBEL": variant.coupling == 2 and not variant.greedy, "BLOCK_V": chosen.block,
@@ -175,10 +179,13 @@ def compile_variant(variant: Variant, arch: int = 90) -> list[ResourceReport]:
     """Compile the kernels the launcher would run for ``variant`` and read ptxas -v (no GPU needed)."""
     reports = []
     for kernel, constexprs, num_warps in _kernels(variant):
+        defaults = {p.name: p.default for p in kernel.params if p.is_constexpr and p.name not in constexprs}
+        constexprs = dict(defaults, **constexprs)  # a constexpr the launcher leaves at its default is one still
         if "s_qv" in kernel.arg_names:
             constexprs = dict(constexprs, s_qv=1)  # Triton's launcher specialises a unit stride to a constant
         resources = _compile(kernel, _signature(kernel, variant, constexprs), constexprs, num_warps, arch)
-        reports.append(ResourceReport(variant.label, kernel.fn.__name__, constexprs["BLOCK_V"], num_warps, **resources))
+        label = variant.label + (" first stops" if constexprs.get("GSD_ROWS") else "")
+        reports.append(ResourceReport(label, kernel.fn.__name__, constexprs["BLOCK_V"], num_warps, **resources))
     return reports
 
 
@@ -254,13 +261,10 @@ def _compile(kernel, signature: dict, constexprs: dict, num_warps: int, arch: in
 
 
 def format_table(reports: list[ResourceReport]) -> str:
-    header = (f"{'variant':<52} {'kernel':<24} {'block':>6} {'warps':>5} {'regs':>5} {'spill st/ld B':>14} "
-              f"{'stack B':>8}")
-    lines = [header, "-" * len(header)]
-    for r in reports:
-        lines.append(f"{r.label:<52} {r.kernel:<24} {r.block:>6} {r.num_warps:>5} {r.registers:>5} "
-                     f"{f'{r.spill_store_bytes}/{r.spill_load_bytes}':>14} {r.stack_bytes:>8}")
-    return "\n".join(lines)
+    columns = [("variant", "<52"), ("kernel", "<24"), ("block", ">6"), ("warps", ">5"), ("regs", ">5"),
+               ("spill st/ld B", ">14"), ("stack B", ">8")]
+    return text_table(columns, ([r.label, r.kernel, str(r.block), str(r.num_warps), str(r.registers),
+                                 f"{r.spill_store_bytes}/{r.spill_load_bytes}", str(r.stack_bytes)] for r in reports))
 
 
 def quick_variants() -> list[Variant]:

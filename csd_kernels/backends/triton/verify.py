@@ -339,11 +339,17 @@ def _launch_per_position(work: _Workspace, a: _Args, out, top_k, nucleus_scalars
             finalize_constexprs=dict(BLOCK_L=max(16, pow2(L))),
             drafts_strides=(a.drafts.stride(0), a.drafts.stride(1)),
         )
+        if a.flags["RULE"] == GSD_CODE and not a.flags["GATHER_DIST"]:  # decided without the sorted row: a second
+            # launch draws each row's first stop (its own kernel cache: another specialization)
+            c["gsd_rows"] = ({}, dict(c["constexprs"], GSD_ROWS=True))
     scratch = c["scratch"]
-    launch(c["kernel"], (B * L,), work.kernels,
-           (*a.inputs(work), *_outputs(out, scratch), L, V, *a.scalars, top_k, *a.rule[:2], *nucleus_scalars,
-            *a.rule[2:], work.gsd if work.gsd is not None else a.logits),
-           c["constexprs"], num_warps=c["num_warps"], enable_fp_fusion=False)
+    args = (*a.inputs(work), *_outputs(out, scratch), L, V, *a.scalars, top_k, *a.rule[:2], *nucleus_scalars,
+            *a.rule[2:], work.gsd if work.gsd is not None else a.logits)
+    launch(c["kernel"], (B * L,), work.kernels, args, c["constexprs"], num_warps=c["num_warps"],
+           enable_fp_fusion=False)
+    if "gsd_rows" in c:
+        rows_cache, rows_constexprs = c["gsd_rows"]
+        launch(c["kernel"], (B,), rows_cache, args, rows_constexprs, num_warps=c["num_warps"], enable_fp_fusion=False)
     launch(common.finalize_kernel, (B,), work.kernels,
            (a.drafts, *c["drafts_strides"], *scratch, out["tokens"], out["accept_len"], out["status"], L, V),
            c["finalize_constexprs"], num_warps=1)

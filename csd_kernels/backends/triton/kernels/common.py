@@ -259,6 +259,19 @@ def store_position(out, bad, bad_tok, bad_q, committed, has_draft, accepted, h, 
 # Per-row epilogue
 # ----------------------------------------------------------------------------------------------------------------
 @triton.jit
+def first_stop(flags_ptr, L):
+    """The first of a row's L positions whose flags (written by an earlier launch) hold F_STOP, L if none: the
+    row's accept_len."""
+    lane = tl.arange(0, 16)
+    first = tl.zeros((), tl.int32) + L
+    for i0 in range(0, L, 16):
+        offs = i0 + lane
+        flags = tl.load(flags_ptr + offs, mask=offs < L, other=0)
+        first = tl.minimum(first, tl.min(tl.where((flags & F_STOP) != 0, offs, L), 0))
+    return first
+
+
+@triton.jit
 def row_epilogue(b, draft_ptr, s_db, s_dl, res_ptr, later_ptr, flags_ptr, tokens_ptr, accept_len_ptr, status_ptr, L, V,
                  BLOCK_L: tl.constexpr):
     """Row b from its positions' scratch: accept_len = the first stopping position; tokens = the drafts before it,

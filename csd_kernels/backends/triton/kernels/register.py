@@ -6,6 +6,10 @@ and the status bits are computed from registers. Top-k: the k-th largest z is fo
 over the order-preserving int32 image of the fp32 bits (count(z >= t) >= k); z >= threshold is kept (ties kept).
 Top-p bisects the same keys on the softmax mass instead of the count; min-p keeps z − max z >= ln(min_p).
 With PROBS the row holds target probabilities w: p = w / Σw, z = ln w.
+
+gsd without its distortion decides from the draft's own group (no sort) and leaves the resampled token as a
+placeholder; a second launch with GSD_ROWS (grid (B,)) draws it at each row's first stop, the only position whose
+residual max(p − q·a, 0), hence every token's a(y) and the sorted row, is read.
 """
 
 import triton
@@ -17,6 +21,7 @@ from .common import (
     INDEPENDENT,
     MAXIMAL,
     PROB_SUM_TOLERANCE,
+    first_stop,
     gumbel_uniforms,
     inverse_cdf,
     load_mix_flagged,
@@ -28,7 +33,7 @@ from .common import (
     top_p_key,
     window_draft,
 )
-from .gsd import gsd_groups
+from .gsd import gsd_term
 
 
 @triton.jit
@@ -63,12 +68,20 @@ def position_kernel(
     PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr,
     TOP_P: tl.constexpr = False, MIN_P: tl.constexpr = False, PROBS: tl.constexpr = False,
     SEED_VALUE: tl.constexpr = False, OFFSET_VALUE: tl.constexpr = False, GATHER_DIST: tl.constexpr = False,
+    GSD_ROWS: tl.constexpr = False,
 ):
     """Grid (B·L,): one program per (row, window position), BLOCK_V >= V. Parameters: see common.py and rules.py
-    (gsd_ptr: gsd's scratch, 4·BLOCK_V + 2 floats per position)."""
-    pid = tl.program_id(0).to(tl.int64)
-    b = pid // L
-    i = pid % L
+    (gsd_ptr: gsd's scratch, 4·BLOCK_V + 2 floats per position). GSD_ROWS: grid (B,), after the first launch: the
+    resampled token of each row's first stop, with the row sorted (nothing else is stored)."""
+    if GSD_ROWS:
+        b = tl.program_id(0).to(tl.int64)
+        stop = first_stop(flags_ptr + b * L, L)
+        i = tl.minimum(stop, L - 1).to(tl.int64)  # a row without a stop computes its last position, unstored
+        pid = b * L + i
+    else:
+        pid = tl.program_id(0).to(tl.int64)
+        b = pid // L
+        i = pid % L
     offs = tl.arange(0, BLOCK_V)
     mask = offs < V
     x, bad_tok, has_draft, committed = window_draft(draft_ptr, s_db, s_dl, start_ptr, s_start, b, i, V)
@@ -132,12 +145,10 @@ def position_kernel(
     u_row = uncond_ptr + b * s_ub + i * s_ul
     extra_x = tl.zeros_like(h)
     qa = q
+    GSD_SORTED: tl.constexpr = GATHER_DIST or GSD_ROWS  # every a(y) is read (else the draft's group decides)
     if RULE == rules.GSD:
-        group_rank = (rule_p0 + tl.zeros((), tl.float32)).to(tl.int32)  # a float argument (an int in the table)
-        a_tok = gsd_groups(p, q, offs, mask, V, group_rank, rule_p1, gsd_ptr + pid * (4 * BLOCK_V + 2), BLOCK_V,
-                           BLOCK_V.bit_length())
-        extra_x = tl.sum(tl.where(offs == x, a_tok, 0.0), 0)
-        qa = tl.where(support, q * a_tok, 0.0)
+        extra_x, qa = gsd_term(p, q, offs, mask, support, x, V, rule_p0, rule_p1, gsd_ptr + pid * (4 * BLOCK_V + 2),
+                               GSD_SORTED, BLOCK_V)
     if rules.is_lantern(RULE):
         limit = rules.lantern_limit(p_x, rule_p0, RULE)
         extra_x = rules.lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), limit, c_row, u_row, m, inv_z,
@@ -168,8 +179,11 @@ def position_kernel(
     accepted = has_draft & (u_acc < a)
 
     # ---- resample from the rule's residual (p when it sums to 0 or there is no draft)
-    r = rules.residual(p, q, qa, RULE)
-    resampled = inverse_cdf(tl.where(has_draft & (tl.sum(r, 0) > 0), r, p), offs, mask, u_smp, V, BLOCK_V)
+    if RULE == rules.GSD and not GSD_SORTED:
+        resampled = tl.zeros((), tl.int32)  # a placeholder: the GSD_ROWS launch draws the row's first stop's
+    else:
+        r = rules.residual(p, q, qa, RULE)
+        resampled = inverse_cdf(tl.where(has_draft & (tl.sum(r, 0) > 0), r, p), offs, mask, u_smp, V, BLOCK_V)
 
     # ---- the draw for positions after accept_len
     if COUPLING == INDEPENDENT:
@@ -184,7 +198,10 @@ def position_kernel(
             g = -tl.log(-tl.log(gumbel_uniforms(0, pos, row_id, k0, k1, BLOCK_V)))
             later = tl.argmax(z + g, 0, tie_break_left=True)
 
-    if RETURN_PROBS:
-        tl.store(probs_ptr + pid * V + offs, tl.where(bad, float("nan"), p), mask=mask)
-    store_position(pid, bad, bad_tok, bad_q, committed, has_draft, accepted, h, tvd, a, dist, resampled, later,
-                   ent_ptr, tvd_ptr, acc_ptr, dist_ptr, res_ptr, later_ptr, flags_ptr)
+    if GSD_ROWS:
+        tl.store(res_ptr + pid, resampled.to(tl.int32), mask=stop < L)
+    else:
+        if RETURN_PROBS:
+            tl.store(probs_ptr + pid * V + offs, tl.where(bad, float("nan"), p), mask=mask)
+        store_position(pid, bad, bad_tok, bad_q, committed, has_draft, accepted, h, tvd, a, dist, resampled, later,
+                       ent_ptr, tvd_ptr, acc_ptr, dist_ptr, res_ptr, later_ptr, flags_ptr)
