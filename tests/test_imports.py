@@ -101,8 +101,8 @@ def test_no_import_cycles():
 # leaves every layer may read: "constants" (shared names and defaults), "_lazy" (lazily loaded package names) and
 # "config" (GenerationConfig and its rules, the acceptance rules' and the modes' tables: models give their defaults as
 # one, so it sits below models; it imports constants only), "fileio" (the files a command reads and writes, with
-# one-line errors) and "text_table" (fixed-width tables of the reports). Backends are reached only through ops; the top row (zoo, bench, runner, cli) builds on everything
-# below it.
+# one-line errors) and "text_table" (fixed-width tables of the reports). Backends are reached only through ops; the
+# top row (zoo, bench, runner, cli) builds on everything below it.
 _LEAVES = {"constants", "_lazy", "config", "fileio", "text_table"}
 MAY_IMPORT = {
     "constants": set(),
