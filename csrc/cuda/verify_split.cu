@@ -183,20 +183,20 @@ __device__ Combined combine_stats(const VerifyProblem& a, const SplitBlock& c, R
   return out;
 }
 
-// Inverse-CDF draw at u * total over weights w whose per-slice totals are the sums' field `total`: thread 0 finds the
+// Inverse-CDF draw at u * total over weights w whose per-slice totals are the sums' `field`: thread 0 finds the
 // slice holding the target from the totals, then the block scans only that slice.
 template <typename Wt>
-__device__ int64_t split_inverse_cdf(Wt w, double SliceSums::*total, const VerifyProblem& a, const SplitBlock& c,
+__device__ int64_t split_inverse_cdf(Wt w, double SliceSums::*field, const VerifyProblem& a, const SplitBlock& c,
                                      float u, Shared& sh) {
   const SliceSums* sums = c.ws.sums + c.item * c.n_split;
   if (threadIdx.x == 0) {
     double total = 0.0;
-    for (int64_t t = 0; t < c.n_split; ++t) total += __ldcg(&(sums[t].*total));
+    for (int64_t t = 0; t < c.n_split; ++t) total += __ldcg(&(sums[t].*field));
     const float target = f_mul(u, static_cast<float>(total));
     double before = 0.0, before_last = 0.0;
     int64_t chosen = -1, last = 0;
     for (int64_t t = 0; t < c.n_split; ++t) {
-      const double wt = __ldcg(&(sums[t].*total));
+      const double wt = __ldcg(&(sums[t].*field));
       if (chosen < 0 && static_cast<float>(before + wt) > target) chosen = t, sh.carry = before;
       if (wt > 0.0) last = t, before_last = before;
       before += wt;
