@@ -72,10 +72,15 @@ class Dist:
         dist.gather_object(obj, out, dst=0)
         return out
 
-    def close(self) -> None:
+    def close(self, finished: bool = False) -> None:
+        """Destroys the process group we created. ``finished``: every rank got here after the same last collective,
+        so they first wait for each other (a rank that tears gloo down while another still talks to it can abort in
+        gloo's teardown); after a failure nobody waits (a dead rank would never arrive)."""
         if self.owned:
             import torch.distributed as dist
 
+            if finished:
+                dist.barrier()
             dist.destroy_process_group()
             self.owned = self.active = False
 

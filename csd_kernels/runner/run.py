@@ -155,7 +155,7 @@ def run(model: str, prompts_file: str, modes, out: str, *, seed: int = 0, batch_
         # (a rerun on this host takes it over once rank 0's process is gone)
         if lock is not None and (ok or ctx.world_size == 1):
             lock.release()
-        ctx.close()
+        ctx.close(finished=ok)
         torch.set_num_threads(threads)
 
 
