@@ -165,7 +165,7 @@ def _kernels(variant: Variant):
         kernel = register.position_kernel if chosen.path == "register" else chunked.position_chunked_kernel
         constexprs = dict(flags, TOP_K=variant.top_k and not variant.greedy, BLOCK_V=chosen.block, TOP_P=nucleus,
                           MIN_P=nucleus, PROBS=variant.target_probs)
-        rows = [dict(constexprs, GSD_ROWS=True)] if variant.rule == "gsd" and not variant.gather_distortion else []
+        rows = [dict(constexprs, GSD_ROWS=True)] if tv.first_stop_launch(flags) else []
         return [(kernel, c, chosen.num_warps) for c in [constexprs, *rows]]
     n_split = -(-variant.vocab // chosen.block)
     stats = {"HAS_UNCOND": variant.has_uncond, "GREEDY": variant.greedy, "PER_ROW_SEED": False,

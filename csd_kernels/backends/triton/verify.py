@@ -325,6 +325,12 @@ def _outputs(out: dict, scratch: tuple) -> tuple:
     return (out["probs"], out["ent"], out["tvd"], out["acc"], out["dist"], *scratch)
 
 
+def first_stop_launch(flags: dict) -> bool:
+    """gsd decided from the draft's own group (its distortion not asked): a second launch of the position kernel
+    (GSD_ROWS) draws each row's first stop from the sorted row."""
+    return flags["RULE"] == GSD_CODE and not flags["GATHER_DIST"]
+
+
 def _launch_per_position(work: _Workspace, a: _Args, out, top_k, nucleus_scalars=(1.0, float("-inf")),
                          nucleus_flags=(False, False, False)):
     B, L, V = a.logits.shape
@@ -339,8 +345,7 @@ def _launch_per_position(work: _Workspace, a: _Args, out, top_k, nucleus_scalars
             finalize_constexprs=dict(BLOCK_L=max(16, pow2(L))),
             drafts_strides=(a.drafts.stride(0), a.drafts.stride(1)),
         )
-        if a.flags["RULE"] == GSD_CODE and not a.flags["GATHER_DIST"]:  # decided without the sorted row: a second
-            # launch draws each row's first stop (its own kernel cache: another specialization)
+        if first_stop_launch(a.flags):  # its own kernel cache: another specialization
             c["gsd_rows"] = ({}, dict(c["constexprs"], GSD_ROWS=True))
     scratch = c["scratch"]
     args = (*a.inputs(work), *_outputs(out, scratch), L, V, *a.scalars, top_k, *a.rule[:2], *nucleus_scalars,
