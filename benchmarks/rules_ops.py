@@ -1,6 +1,6 @@
 """Ops the Triton kernels execute per acceptance rule, against the strict rule's, counted in Triton's interpreter.
 
-    python benchmarks/rules_ops.py [--out FILE.json]
+    python benchmarks/rules_ops.py [--batches 1,8] [--rules strict,gsd,...] [--out FILE.json]
 
 The interpreter (TRITON_INTERPRET=1, on the CPU) runs every program of the grid; each block-level operation it
 builds (``InterpreterBuilder.create_*``: loads, stores, arithmetic, comparisons, gathers, casts, ...) is counted once
@@ -49,14 +49,21 @@ def install_counter() -> None:
             setattr(cls, name, _counting(name, getattr(cls, name)))
 
 
-def measure() -> list[dict]:
+def measure(batches=rules_speed.BATCHES, labels=None) -> list[dict]:
+    """Rows of (B, rule, ops, vs_strict) for ``batches`` and the calls named in ``labels`` (default: every call of
+    rules_speed.calls; strict is always counted, as the ratios' base)."""
     g = torch.Generator().manual_seed(7)
     neighbours = ck.codebook_neighbours(torch.randn(rules_speed.VOCAB, 8, generator=g), 1000)
+    calls = rules_speed.calls(neighbours)
+    unknown = set(labels or ()) - set(calls)
+    if unknown:
+        raise SystemExit(f"--rules: unknown {sorted(unknown)}; choose from {', '.join(calls)}")
+    chosen = {label: kw for label, kw in calls.items() if labels is None or label in labels or label == "strict"}
     rows = []
-    for batch in rules_speed.BATCHES:
+    for batch in batches:
         x = rules_speed.inputs(batch)
         ops = {}
-        for label, kw in rules_speed.calls(neighbours).items():
+        for label, kw in chosen.items():
             COUNTS.clear()
             ck.verify(**x, **kw, backend="triton")
             ops[label] = sum(COUNTS.values())
@@ -70,9 +77,13 @@ def measure() -> list[dict]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the rows as JSON here")
+    parser.add_argument("--batches", default=",".join(map(str, rules_speed.BATCHES)),
+                        help="comma-separated batch sizes (default %(default)s)")
+    parser.add_argument("--rules", help="comma-separated calls to count, as labelled in the table (default: all; "
+                                        "'lantern +distortion' runs for more than 10 minutes)")
     args = parser.parse_args(argv)
     install_counter()
-    rows = measure()
+    rows = measure([int(b) for b in args.batches.split(",")], args.rules.split(",") if args.rules else None)
     print(f"{'B':>2} {'rule':<20} {'ops':>10} {'/ strict':>9}")
     for r in rows:
         print(f"{r['B']:>2} {r['rule']:<20} {r['ops']:>10} {r['vs_strict']:>9.2f}")
