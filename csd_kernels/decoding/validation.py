@@ -43,10 +43,10 @@ def check_tree(tree, mode: str, window: int, coupling: Optional[str], static: Op
         raise ArgumentError("tree", tree, f"a pair (K, D) of ints >= 1 ({where})")
     if branching < 1 or depth < 1:
         raise ArgumentError("tree", tree, f"K >= 1 and D >= 1 ({where})")
-    nodes = ref.tree_nodes(int(branching), int(depth))
-    if nodes > window - 1:
-        raise ArgumentError("tree", tree, f"a tree whose (K^D - 1)/(K - 1) = {nodes} draft nodes fit in the W - 1 = "
-                                          f"{window - 1} draft slots of the window ({where})")
+    # (a tree never fits with D > W - 1: its count, a number of any size, is computed only when it might)
+    if depth > window - 1 or ref.tree_nodes(int(branching), int(depth)) > window - 1:
+        raise ArgumentError("tree", tree, f"a smaller tree: its (K^D - 1)/(K - 1) draft nodes must fit in the W - 1 "
+                                          f"= {window - 1} draft slots of the window ({where})")
     if mode not in TREE_MODES:
         raise ArgumentError("tree", tree, f"None with mode {mode!r}: draft trees run with mode "
                                           f"{', '.join(map(repr, TREE_MODES))} only ({where})")
