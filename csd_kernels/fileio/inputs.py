@@ -140,10 +140,11 @@ def _count(value) -> bool:
 
 def _check_layout(spans: list, data: int, bad) -> None:
     """The tensors' bytes, in order of offset, tile the data from byte 0 to its end: no overlap, gap or excess."""
-    end, last = 0, None
-    for (begin, stop), name in spans:
+    for (_, stop), name in spans:  # (first: an offset past the end says more than the gap it leaves)
         if stop > data:
             raise bad(f"truncated: tensor {quote(name)} ends at byte {stop} of the data, the file holds {data}")
+    end, last = 0, None
+    for (begin, stop), name in spans:
         if begin < end:
             raise bad(f"tensors {quote(last)} and {quote(name)} overlap (bytes {begin}..{end} of the data)")
         if begin > end:
