@@ -87,6 +87,7 @@ def test_a_failed_rename_rolls_back_the_commit_and_names_its_file(failing, tmp_p
 
 
 def test_a_commit_keeps_the_earlier_files_by_copy_without_hard_links(tmp_path, monkeypatch):
+    (tmp_path / "img_000.png").write_bytes(b"old 0")  # replaced, then put back from its copy
     (tmp_path / "stats.json").write_bytes(b"old stats")
     replace = os.replace
 
@@ -101,7 +102,7 @@ def test_a_commit_keeps_the_earlier_files_by_copy_without_hard_links(tmp_path, m
         with Output(str(tmp_path), replaces=re.compile(r"img_\d+\.png|stats\.json")) as out:
             out.write("img_000.png", b"new 0")
             out.write_json("stats.json", {"a": 1})
-    assert files(tmp_path) == {"stats.json": b"old stats"}
+    assert files(tmp_path) == {"img_000.png": b"old 0", "stats.json": b"old stats"}
 
 
 def test_a_failed_output_removes_the_folders_it_made(tmp_path):
