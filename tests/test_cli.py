@@ -151,7 +151,7 @@ def test_bench_writes_json_csv_and_plot(tmp_path):
         (["generate", "--model", "digits", "--prompt", "1" * 100_000], "--prompt: prompt '1111"),
         (["generate", "--model", "digits", "--prompt", "\uff14"], "prompt '\uff14': the digits model takes a class id"),
         (["generate", "--model", "digits", "--prompt", "7", "--tree", "100,100"],
-         "a smaller tree: its (K^D - 1)/(K - 1) draft nodes must fit in the W - 1 = 15 draft slots"),
+         "a tree whose (K^D - 1)/(K - 1) (over 1,000,000) draft nodes fit in the W - 1 = 15 draft slots"),
         (["generate", "--model", "digits", "--prompt", "7", "--mode", "lantern", "--lantern-k", "600"],
          "--lantern-k 600: expected an int in [1, 511] for --model digits"),
         (["compare", "--model", "digits", "--prompt", "7", "--lantern-k", "512"],
