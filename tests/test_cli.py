@@ -101,6 +101,8 @@ def test_compare_reports_every_run_and_writes_the_side_by_side(tmp_path, capsys)
     lines = [line for line in printed.err.splitlines() if line.startswith("[")]
     assert [line.split("] ")[1].split(":")[0] for line in lines] == list(report["results"])
     assert lines[0].startswith(f"[1/{runs}] ar: 256.0 passes/image, ") and lines[-1].startswith(f"[{runs}/{runs}] ")
+    seconds = [int(line.rsplit(", ", 1)[1].split(" s ")[0]) for line in lines]
+    assert seconds == sorted(seconds)  # the time since the compare began, not the last run's
     assert list(report["results"]) == [label for label, _, _ in commands.COMPARE_RUNS]
     for label in report["results"]:
         assert label in table

@@ -320,7 +320,7 @@ def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, 
     inputs = entry.prompt_inputs(prompts)
     generate_kwargs = dict(entry.defaults, **(generate_kwargs or {}))
     results, samples = {}, {}
-    begin = time.perf_counter()
+    started = time.perf_counter()
     for label, mode, coupling in runs:
         per_seed = []
         for seed in seeds:
@@ -337,7 +337,7 @@ def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, 
         results[label] = summarise(per_seed)
         if report is not None:
             report(progress_line(len(results), len(runs), label, results[label]["passes"]["mean"],
-                                 time.perf_counter() - begin))
+                                 time.perf_counter() - started))
     base = results[runs[0][0]]["passes"]["mean"]
     for label in results:
         results[label]["speedup"] = base / results[label]["passes"]["mean"]
