@@ -6,7 +6,7 @@ over each rule's parameter grid, written as PREFIX.json / .csv / .png and PREFIX
 - gsd (independent drafts) over k ∈ {4, 12, 32} × δ ∈ {0.15, 0.3};
 - arsample+maximal over its scale c ∈ {4.5, 9, 18} (offset 0.05) and offset s0 ∈ {0.2} (c = 9);
 - lantern+maximal over δ ∈ {0.05, 0.1, 0.2, 0.4} (k = 1000, capped at V − 1);
-- lantern+++maximal over λ ∈ {2, 5, 10, 20} (k = 10).
+- lantern++/maximal over λ ∈ {2, 5, 10, 20} (k = 10).
 
     python benchmarks/frontier_rules.py [--images 96] [--seeds 1] [--workers 2] [--out docs/img/scenes_rules]
     python benchmarks/frontier_rules.py --smoke --images 4 --out out/rules_smoke    # one point per rule

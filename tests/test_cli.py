@@ -94,8 +94,15 @@ def test_compare_reports_every_run_and_writes_the_side_by_side(tmp_path, capsys)
     out_dir = tmp_path / "cmp"
     assert cli.main(["compare", "--model", "digits", "--prompt", "1", "--num", "2", "--seeds", "2", "--window", "8",
                      "--out", str(out_dir), "--quiet"]) == 0
-    table = capsys.readouterr().out
+    printed = capsys.readouterr()
+    table = printed.out
     report = json.loads((out_dir / "compare.json").read_text())
+    runs = len(commands.COMPARE_RUNS)  # with --quiet still a line per run as it finishes, in order
+    lines = [line for line in printed.err.splitlines() if line.startswith("[")]
+    assert [line.split("] ")[1].split(":")[0] for line in lines] == list(report["results"])
+    assert lines[0].startswith(f"[1/{runs}] ar: 256.0 passes/image, ") and lines[-1].startswith(f"[{runs}/{runs}] ")
+    seconds = [int(line.rsplit(", ", 1)[1].split(" s ")[0]) for line in lines]
+    assert seconds == sorted(seconds)  # the time since the compare began, not the last run's
     assert list(report["results"]) == [label for label, _, _ in commands.COMPARE_RUNS]
     for label in report["results"]:
         assert label in table
@@ -143,12 +150,22 @@ def test_bench_writes_json_csv_and_plot(tmp_path):
         (["compare", "--model", "digits", "--prompt", "-1"], "class id 0..9"),
         (["compare", "--model", "digits", "--prompt", "7", "--num", "1"], "--num 1: expected an int in [2, 1024]"),
         (["generate", "--model", "digits", "--prompt", "7", "--out", "/proc/csd-out"], "--out"),
+        (["generate", "--model", "digits", "--prompt", "1" * 100_000], "--prompt: prompt '1111"),
+        (["generate", "--model", "digits", "--prompt", "\uff14"], "prompt '\uff14': the digits model takes a class id"),
+        (["generate", "--model", "digits", "--prompt", "7", "--tree", "100,100"],
+         "a tree whose (K^D - 1)/(K - 1) (over 1,000,000) draft nodes fit in the W - 1 = 15 draft slots"),
+        (["generate", "--model", "digits", "--prompt", "7", "--mode", "lantern", "--lantern-k", "600"],
+         "--lantern-k 600: expected an int in [1, 511] for --model digits"),
+        (["compare", "--model", "digits", "--prompt", "7", "--lantern-k", "512"],
+         "--lantern-k 512: expected an int in [1, 511] for --model digits"),
     ],
 )
-def test_clear_errors(argv, message, capsys):
+def test_clear_errors(argv, message, capsys, tmp_path):
+    argv = argv if "--out" in argv else argv + ["--out", str(tmp_path / "out")]
     assert cli.main(argv + ["--quiet"]) == 2
     err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1
+    assert message in err and err.count("\n") == 1, err
+    assert len(err) < 400 and "int_max_str_digits" not in err and not (tmp_path / "out").exists()
 
 
 def test_unknown_mode_is_rejected_by_the_parser(capsys):

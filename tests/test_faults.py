@@ -235,7 +235,39 @@ def _truncate(path):
     path.write_bytes(data[:len(data) // 3])
 
 
+def _rewrite_header(path, change):
+    """The safetensors file ``path`` with its header changed by ``change(header)`` (the data as it was)."""
+    data = path.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    change(header)
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + length:])
+
+
+def _overlap(header):
+    """The second tensor in the data moved 4 bytes back, into the first one's bytes."""
+    name = sorted((info["data_offsets"], name) for name, info in header.items() if name != "__metadata__")[1][1]
+    header[name]["data_offsets"] = [offset - 4 for offset in header[name]["data_offsets"]]
+
+
+def _out_of_range(header):
+    name = next(name for name in header if name != "__metadata__")
+    header[name]["data_offsets"] = [offset + 2**40 for offset in header[name]["data_offsets"]]
+
+
+def _nan(path):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    tensors["model.embed_tokens.weight"][3, 5] = float("nan")
+    save_file(tensors, str(path))
+
+
 DAMAGE = {
+    "overlapping tensors": ("model.safetensors", lambda p: _rewrite_header(p, _overlap), "overlap (bytes"),
+    "offsets out of range": ("model.safetensors", lambda p: _rewrite_header(p, _out_of_range), "truncated: tensor"),
+    "NaN weights": ("model.safetensors", _nan, "tensor 'model.embed_tokens.weight' holds 1 non-finite values"),
     "truncated model": ("model.safetensors", _truncate, "truncated: tensor"),
     "random model": ("model.safetensors", lambda p: p.write_bytes(os.urandom(50_000)), "not a safetensors file"),
     "empty model": ("model.safetensors", lambda p: p.write_bytes(b""), "not a safetensors file"),
@@ -265,6 +297,35 @@ def test_a_damaged_weights_folder_is_one_line_naming_the_flag_and_the_file(case,
     assert f"--weights {weights}" in line and (str(weights / name) in line or case in ("no model file",
                                                                                       "config of another model")), line
     assert not folder.exists()
+
+
+def test_a_lantern_k_wider_than_the_table_is_refused_before_run_json(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("3\n")
+    out = tmp_path / "run"
+    begin = time.perf_counter()
+    status, stderr = _main(["run", "--prompts", prompts, "--modes", "ar,lantern", "--lantern-k", "600", "--quiet",
+                            "--out", out])
+    assert status == 2 and one_line(stderr) == ("csd run: error: --lantern-k 600: expected an int in [1, 511] for "
+                                                "--model digits (its neighbour table holds the 511 other codes of "
+                                                "its codebook)"), stderr
+    assert not out.exists() and time.perf_counter() - begin < 60
+
+
+def test_a_second_run_on_a_folder_in_use_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    import socket
+
+    from csd_kernels import zoo
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("3\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": "now"}))
+    monkeypatch.setattr(zoo, "load", lambda *a, **k: pytest.fail("the model loaded for a folder in use"))
+    status, stderr = _main(["run", "--prompts", prompts, "--modes", "ar", "--quiet", "--out", out])
+    assert status == 2 and "the folder is in use by another run" in one_line(stderr), stderr
+    assert os.listdir(out) == [".lock"]
 
 
 @pytest.mark.parametrize("content, problem", [

@@ -11,7 +11,15 @@ import signal
 import pytest
 
 from csd_kernels.fileio import inputs, outputs
-from csd_kernels.fileio.inputs import InputError, check_safetensors, quote, read_json, read_prompt_lines, shorten
+from csd_kernels.fileio.inputs import (
+    InputError,
+    check_finite,
+    check_safetensors,
+    quote,
+    read_json,
+    read_prompt_lines,
+    shorten,
+)
 from csd_kernels.fileio.outputs import STAGING_PREFIX, Output, OutputError, describe, write_atomic
 from csd_kernels.fileio.signals import Interrupted, if_stopped, raise_on_signals, signals_held
 
@@ -53,6 +61,48 @@ def test_a_failed_output_leaves_the_folder_as_it_was(failure, tmp_path):
                                      f"{tmp_path}/grid.png: the earlier run in {tmp_path} is unchanged")
     if isinstance(failure, Interrupted):
         assert str(caught.value) == f"interrupted by SIGTERM: the earlier run in {tmp_path} is unchanged"
+
+
+@pytest.mark.parametrize("failing", ["img_000.png", "stats.json", "img_001.png"])
+def test_a_failed_rename_rolls_back_the_commit_and_names_its_file(failing, tmp_path, monkeypatch):
+    (tmp_path / "img_000.png").write_bytes(b"old 0")
+    (tmp_path / "stats.json").write_bytes(b"old stats")
+    before = files(tmp_path)
+    replace = os.replace
+
+    def refuse(source, target):  # (a file made immutable: its rename fails, the others work)
+        if os.path.basename(target) == failing and STAGING_PREFIX in str(source):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        replace(source, target)
+
+    monkeypatch.setattr(outputs.os, "replace", refuse)
+    with pytest.raises(OutputError) as caught:
+        with Output(str(tmp_path), replaces=re.compile(r"img_\d+\.png|stats\.json")) as out:
+            out.write("img_000.png", b"new 0")
+            out.write("img_001.png", b"new 1")
+            out.write_json("stats.json", {"a": 1})
+    assert files(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["img_000.png", "stats.json"]
+    assert str(caught.value) == (f"Operation not permitted while writing {tmp_path}/{failing}: the earlier run in "
+                                 f"{tmp_path} is unchanged")
+
+
+def test_a_commit_keeps_the_earlier_files_by_copy_without_hard_links(tmp_path, monkeypatch):
+    (tmp_path / "img_000.png").write_bytes(b"old 0")  # replaced, then put back from its copy
+    (tmp_path / "stats.json").write_bytes(b"old stats")
+    replace = os.replace
+
+    def refuse(source, target):
+        if os.path.basename(target) == "stats.json" and STAGING_PREFIX in str(source):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        replace(source, target)
+
+    monkeypatch.setattr(outputs.os, "link", lambda *a: (_ for _ in ()).throw(OSError(errno.EPERM, "no links")))
+    monkeypatch.setattr(outputs.os, "replace", refuse)
+    with pytest.raises(OutputError, match="while writing .*stats.json: the earlier run"):
+        with Output(str(tmp_path), replaces=re.compile(r"img_\d+\.png|stats\.json")) as out:
+            out.write("img_000.png", b"new 0")
+            out.write_json("stats.json", {"a": 1})
+    assert files(tmp_path) == {"img_000.png": b"old 0", "stats.json": b"old stats"}
 
 
 def test_a_failed_output_removes_the_folders_it_made(tmp_path):
@@ -134,7 +184,29 @@ def test_a_valid_safetensors_header_is_read_without_torch(tmp_path):
     (lambda p: _safetensors(p, {"a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}}, bytes(10)),
      "truncated: tensor 'a' ends at byte 24 of the data, the file holds 10"),
     (lambda p: _safetensors(p, {"a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 20]}}, bytes(20)),
+     "tensor 'a' has 20 bytes; its F32 shape [2, 3] holds 24"),
+    (lambda p: _safetensors(p, {"a": {"dtype": "F32", "shape": "2", "data_offsets": [0, 8]}}, bytes(8)),
      "tensor 'a' has no valid dtype, shape and data_offsets"),
+    (lambda p: _safetensors(p, {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, -8]}}, bytes(8)),
+     "tensor 'a' has no valid dtype, shape and data_offsets"),
+    (lambda p: _safetensors(p, {"a": {"dtype": "Q7", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)),
+     "tensor 'a' has dtype 'Q7', which safetensors does not define"),
+    (lambda p: _safetensors(p, {"a": {"dtype": "U8", "shape": [0], "data_offsets": [8, 0]}}, bytes(8)),
+     "tensor 'a' ends (byte 0) before it begins (byte 8)"),
+    (lambda p: _safetensors(p, {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, bytes(12)),
+     "tensors 'a' and 'b' overlap (bytes 4..8 of the data)"),
+    (lambda p: _safetensors(p, {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                "b": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)),
+     "tensors 'a' and 'b' overlap (bytes 0..8 of the data)"),
+    (lambda p: _safetensors(p, {"a": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, bytes(12)),
+     "4 bytes of the data before tensor 'a' belong to no tensor"),
+    (lambda p: _safetensors(p, {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                                "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}}, bytes(12)),
+     "4 bytes of the data before tensor 'b' belong to no tensor"),
+    (lambda p: _safetensors(p, {"a": {"dtype": "F32", "shape": [2], "data_offsets": [2**40, 2**40 + 8]}}, bytes(8)),
+     "truncated: tensor 'a' ends at byte 1099511627784 of the data, the file holds 8"),
+    (lambda p: p.write_bytes((100).to_bytes(8, "little") + b'{"a": 1}'), "no valid header length"),
     (lambda p: _safetensors(p, {"a": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}}, bytes(4), b"junk"),
      "4 bytes after the last tensor's data"),
     (lambda p: p.mkdir(), "is a folder; expected a safetensors file"),
@@ -147,6 +219,26 @@ def test_a_damaged_safetensors_file_is_one_line(write, problem, tmp_path):
         check_safetensors(str(path), "--weights")
     assert str(caught.value).startswith(f"--weights {path}: ") and problem in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_a_safetensors_header_in_any_order_of_its_entries_is_read(tmp_path):
+    path = tmp_path / "w.safetensors"  # (the format sorts by offset; JSON keeps the writer's order)
+    header = {"b": {"dtype": "F16", "shape": [2], "data_offsets": [8, 12]},
+              "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+              "e": {"dtype": "F32", "shape": [0], "data_offsets": [12, 12]}}
+    _safetensors(path, header, bytes(12))
+    assert check_safetensors(str(path), "--weights") == header
+
+
+def test_non_finite_weights_are_named_with_their_tensor():
+    import torch
+
+    tensors = {"ok": torch.ones(3), "ids": torch.arange(3), "w": torch.tensor([1.0, float("nan"), float("inf")])}
+    with pytest.raises(InputError) as caught:
+        check_finite(tensors, "--weights", "m.safetensors")
+    assert str(caught.value) == ("--weights m.safetensors: tensor 'w' holds 2 non-finite values (NaN or infinity) "
+                                 "of 3")
+    assert check_finite({"ok": torch.ones(2)}, "--weights", "m.safetensors")["ok"].sum() == 2
 
 
 @pytest.mark.parametrize("text, problem", [

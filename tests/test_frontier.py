@@ -71,7 +71,7 @@ def test_rule_grids_sweep_each_rule_over_its_own_parameters():
                                  {"lantern_delta": 0.2, "lantern_k": 4}, {"lantern_delta": 0.2, "lantern_k": 8}]}
     grid = frontier.settings((0.5,), (0.65,), ("maximal",), trees=(), sjd_couplings=("maximal",),
                              rules=frontier.rule_grids({"lantern_lambda": (2.0,), "arsample_offset": (0.2,)}))
-    assert [s.label for s in grid[4:]] == ["arsample+maximal c=9 s0=0.2", "lantern+++maximal λ=2 k=10"]
+    assert [s.label for s in grid[4:]] == ["arsample+maximal c=9 s0=0.2", "lantern++/maximal λ=2 k=10"]
     assert grid[-1].generate_kwargs() == dict(mode="lantern++", coupling="maximal", lantern_lambda=2.0,
                                               gather_distortion=True)  # the exact distortion axis
     assert grid[-1].rule == "lantern++" and not grid[-1].lossless
@@ -131,8 +131,13 @@ def test_small_sweep(tmp_path):
             Setting("csd+maximal λ=0 τ=0.65", "csd", "maximal", 0.0, 0.65),
             Setting("csd+maximal λ=1 τ=1", "csd", "maximal", 1.0, 1.0),
             Setting("sjd+maximal+tree 3x2", "sjd", "maximal", tree=(3, 2))]
-    result = frontier.sweep("digits", per_class=1, seeds=(0, 1), workers=1, grid=grid, classes=("1", "7"))
+    lines = []
+    result = frontier.sweep("digits", per_class=1, seeds=(0, 1), workers=1, grid=grid, classes=("1", "7"),
+                            progress=lines.append)
     rows = result["results"]
+    # a line per setting as its last seed finishes, in the grid's order, with its passes
+    assert [line.split("] ")[1].split(":")[0] for line in lines] == [s.label for s in grid]
+    assert lines[0].startswith("[1/5] ar: 256.0 passes/image, ") and lines[-1].startswith("[5/5] sjd+maximal+tree")
     assert rows["ar"]["passes"] == {"mean": 256.0, "std": 0.0, "se": 0.0}
     # λ = 0 is strict verification: the same streams give the same passes and images as sjd with the same coupling
     per_seed = {(r["label"], r["seed"]): r for r in result["per_seed"]}

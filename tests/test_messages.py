@@ -126,7 +126,7 @@ def test_the_tree_help_names_the_modes_that_take_a_tree():
 def test_compare_rows_name_their_coupling_and_generate_s_default_is_one_of_them():
     labels = [label for label, _, _ in commands.COMPARE_RUNS]
     assert labels == ["ar", "sjd+independent", "sjd+maximal", "sjd+gumbel", "gsd", "csd+independent", "csd+maximal",
-                      "csd+gumbel", "arsample+maximal", "lantern+maximal", "lantern+++maximal"]
+                      "csd+gumbel", "arsample+maximal", "lantern+maximal", "lantern++/maximal"]
     assert all(label == run_label(mode, coupling) for label, mode, coupling in commands.COMPARE_RUNS)
     assert run_label("csd") == f"csd+{DEFAULT_COUPLING}" in labels  # csd generate --mode csd: that row
     assert [run_label(s.mode, s.coupling) for s in frontier.settings(trees=()) if s.mode == "sjd"] == [
@@ -368,3 +368,15 @@ def test_bench_announces_every_file_it_writes(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert f"wrote benchmark.json, verify.json, verify.csv, verify.png to {tmp_path / 'b'}" in out
     assert sorted(os.listdir(tmp_path / "b")) == ["benchmark.json", "verify.csv", "verify.json", "verify.png"]
+
+
+def test_errors_md_lists_every_mode_in_its_mode_row():
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "errors.md")
+    (row,) = [line for line in open(path, encoding="utf-8") if line.startswith("| `mode` (`--mode`) |")]
+    listed = row.split("|")[2].split("(")[0]
+    assert [name.strip() for name in listed.split(",")] == list(MODES)
+
+
+def test_a_mode_ending_in_plus_is_not_read_as_plus_plus_plus():
+    assert run_label("lantern++") == f"lantern++/{DEFAULT_COUPLING}" and run_label("csd", "gumbel") == "csd+gumbel"
+    assert all("+++" not in label for label, _, _ in commands.COMPARE_RUNS)

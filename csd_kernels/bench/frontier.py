@@ -193,12 +193,21 @@ def run_setting(model_name: str, setting: Setting, seed: int, prompts: list[str]
             "row_passes": [float(x) for x in row_passes]}
 
 
+def _run_job(job: tuple) -> dict:
+    return run_setting(*job)
+
+
+def progress_line(done: int, total: int, label: str, passes: float, seconds: float) -> str:
+    """The line a long measurement prints as each run finishes: how far it is, what finished, how fast it was."""
+    return f"[{done}/{total}] {label}: {passes:.1f} passes/image, {seconds:.0f} s so far"
+
+
 def sweep(model_name: str = "digits", per_class: int = 8, seeds=(0, 1, 2), workers: int = 2,
           grid: list[Setting] | None = None, classes=tuple(str(c) for c in range(10)), prompts=None,
-          options: dict | None = None) -> dict:
+          options: dict | None = None, progress=None) -> dict:
     """Runs every setting of ``grid`` (default :func:`settings`) for every seed on ``prompts`` (default: each of
     ``classes`` ``per_class`` times) with the model ``zoo.load(model_name, **options)``; returns the result layout
-    above."""
+    above. ``progress``: called with one line per setting as its last seed finishes (:func:`progress_line`)."""
     from .. import zoo
 
     options = {k: v for k, v in (options or {}).items() if v is not None}
@@ -220,7 +229,14 @@ def sweep(model_name: str = "digits", per_class: int = 8, seeds=(0, 1, 2), worke
                              for seed in seeds])
     with multiprocessing.Pool(workers, initializer=_init_worker) as pool:  # leaving it stops the workers, on a
         # failure or a signal too (the workers ignore SIGINT: this process answers it)
-        done = pool.starmap(run_setting, [(model_name, s, seed, prompts, options) for s, seed in jobs])
+        done = []
+        for record in pool.imap(_run_job, [(model_name, s, seed, prompts, options) for s, seed in jobs]):
+            done.append(record)
+            setting = jobs[len(done) - 1][0]
+            if progress is not None and (len(done) == len(jobs) or jobs[len(done)][0] is not setting):
+                mine = [r for (s, _), r in zip(jobs, done) if s is setting]
+                progress(progress_line(len(done) // len(seeds), len(grid), setting.label,
+                                       float(np.mean([r["passes"] for r in mine])), time.perf_counter() - begin))
     by_label = {s.label: s for s in grid}
     rows = {label: summarise([r for (s, _), r in zip(jobs, done) if s.label == label]) for label in by_label}
     return {"model": model_name, "model_options": zoo.describe_options(options),

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 import time
 from typing import Optional
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from .. import __version__, zoo
-from ..bench.frontier import summarise
+from ..bench.frontier import progress_line, summarise
 from ..config.acceptance import GRID_RULES
 from ..config.generation import run_label
 from ..config.modes import COUPLED_MODES, exact_distortion
@@ -59,6 +60,20 @@ def _load(args):
         return zoo.load(args.model, device=getattr(args, "device", None), **model_options(args))
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from exc
+
+
+def _check_model_flags(args, entry, modes) -> None:
+    """The flags only the loaded model can judge (--lantern-k against its neighbour table), before any file is
+    written."""
+    try:
+        zoo.check_lantern_k(entry, modes, getattr(args, "lantern_k", None))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _say_progress(line: str) -> None:
+    """A line of progress of a long command, on stderr (the table goes to stdout), even with --quiet."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def _device(args) -> torch.device:
@@ -225,6 +240,7 @@ def cmd_generate(args) -> dict:
     # all or nothing: a failure or a signal at any point leaves --out as it was
     with Output(args.out, replaces=GENERATE_FILES) as output:
         entry = _load(args)
+        _check_model_flags(args, entry, [args.mode])
         inputs = _prompt_inputs(entry, args.prompt, args.num)
         kwargs = _generate_kwargs(args, entry)
         kwargs.update(exact_distortion(args.mode))  # stats.json and maps.png state the distortion
@@ -294,8 +310,9 @@ def _write_images(out, output: Output, columns: int, title: str) -> None:
 
 
 def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, generate_kwargs=None,
-                progress: bool = False) -> dict:
-    """Every run of ``runs`` on the same prompts and seeds; per run, the mean and spread over seeds.
+                progress: bool = False, report=None) -> dict:
+    """Every run of ``runs`` on the same prompts and seeds; per run, the mean and spread over seeds. ``report``:
+    called with one line per run as it finishes (frontier.progress_line), whatever ``progress`` (the bars) says.
 
     Seed s gives row b the seed s·len(prompts) + b, so the repeats never share a random stream.
     """
@@ -303,6 +320,7 @@ def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, 
     inputs = entry.prompt_inputs(prompts)
     generate_kwargs = dict(entry.defaults, **(generate_kwargs or {}))
     results, samples = {}, {}
+    started = time.perf_counter()
     for label, mode, coupling in runs:
         per_seed = []
         for seed in seeds:
@@ -317,6 +335,9 @@ def run_compare(entry, prompts: list[str], seeds: list[int], runs=COMPARE_RUNS, 
             if seed == seeds[0]:
                 samples[label] = out.images.cpu().numpy() if out.images is not None else None
         results[label] = summarise(per_seed)
+        if report is not None:
+            report(progress_line(len(results), len(runs), label, results[label]["passes"]["mean"],
+                                 time.perf_counter() - started))
     base = results[runs[0][0]]["passes"]["mean"]
     for label in results:
         results[label]["speedup"] = base / results[label]["passes"]["mean"]
@@ -364,9 +385,12 @@ def cmd_compare(args) -> dict:
     with Output(args.out) as output:  # (stopped before the end: --out as it was)
         entry = _load(args)
         _prompt_inputs(entry, args.prompt, 1)  # a bad prompt fails before any work
+        runs = _runnable(COMPARE_RUNS, entry.model)
+        _check_model_flags(args, entry, [mode for _, mode, _ in runs])
         seeds = list(range(args.seeds))
-        report = run_compare(entry, [args.prompt] * args.num, seeds, runs=_runnable(COMPARE_RUNS, entry.model),
-                             generate_kwargs=_generate_kwargs(args, entry), progress=not args.quiet)
+        report = run_compare(entry, [args.prompt] * args.num, seeds, runs=runs,
+                             generate_kwargs=_generate_kwargs(args, entry), progress=not args.quiet,
+                             report=_say_progress)
         table = format_compare(report["results"], entry.measures)
         print(table)
         samples = report.pop("samples")
@@ -451,8 +475,10 @@ def cmd_sweep(args) -> dict:
     check_out(os.path.dirname(args.out) or ".")
     _load(args)  # a missing or foreign checkpoint is one line, before any work
     with if_stopped(f"nothing was written to {os.path.dirname(args.out) or '.'}"):
+        print(f"csd sweep: {_count(len(grid), 'setting')} x {_count(args.seeds, 'seed')} on "
+              f"{_count(len(prompts), 'image')} each, {_count(args.workers, 'worker')}", file=sys.stderr, flush=True)
         result = frontier.sweep(args.model, seeds=tuple(range(args.seeds)), workers=args.workers, grid=grid,
-                                prompts=prompts, options={"weights": args.weights})
+                                prompts=prompts, options={"weights": args.weights}, progress=_say_progress)
     print(frontier.format_table(result))
     print("\n".join(frontier.summary_lines(result)))
     paths = frontier.save(result, args.out)

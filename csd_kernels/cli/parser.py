@@ -94,7 +94,8 @@ def _add_sampling(parser: argparse.ArgumentParser, num: int) -> None:
         if parser.prog.endswith("compare") else ("num", "images per run")
     parser.add_argument("--num", type=int, default=num, help=_help(rule, text, num))
     add_generation_options(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress bar (default: shown)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar (default: shown); csd compare still "
+                                                             "prints a line as each run finishes")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -201,8 +201,11 @@ def check_settings(**values) -> dict:
 def run_label(mode: str, coupling: Optional[str] = None) -> str:
     """How tables, plots and progress bars name a run: the mode, and for the modes that take a coupling
     (modes.MODE_TABLE) the coupling of their next drafts (None: DEFAULT_COUPLING, what generate() uses), e.g. "ar",
-    "sjd+independent", "csd+maximal", "lantern+maximal"."""
-    return f"{mode}+{coupling or DEFAULT_COUPLING}" if MODE_TABLE[mode].coupling else mode
+    "sjd+independent", "csd+maximal", "lantern+maximal"; a mode whose name ends in "+" is joined by "/", never read
+    as "+++": "lantern++/maximal"."""
+    if not MODE_TABLE[mode].coupling:
+        return mode
+    return f"{mode}{'/' if mode.endswith('+') else '+'}{coupling or DEFAULT_COUPLING}"
 
 
 def check_generate(mode: str, coupling: Optional[str] = None, **settings) -> Optional[str]:

@@ -27,6 +27,9 @@ __all__ = ["ArgumentError", "Rule", "RULES", "MODES", "DRAFT_INITS", "MAX_IMAGES
 
 
 
+_SAID_NODES = 10**6  # a tree's node count above this is not printed (--tree 100,100 has a 199-digit one)
+
+
 def check_tree(tree, mode: str, window: int, coupling: Optional[str], static: Optional[bool]) -> Optional[tuple]:
     """tree=(K, D) for generate(): None, or K >= 1 and D >= 1 ints whose (K^D − 1)/(K − 1) draft nodes fit in the
     W − 1 draft slots of the window, with a mode of TREE_MODES (a relaxed rule relaxes the main draft's test only;
@@ -43,9 +46,12 @@ def check_tree(tree, mode: str, window: int, coupling: Optional[str], static: Op
         raise ArgumentError("tree", tree, f"a pair (K, D) of ints >= 1 ({where})")
     if branching < 1 or depth < 1:
         raise ArgumentError("tree", tree, f"K >= 1 and D >= 1 ({where})")
-    nodes = ref.tree_nodes(int(branching), int(depth))
-    if nodes > window - 1:
-        raise ArgumentError("tree", tree, f"a tree whose (K^D - 1)/(K - 1) = {nodes} draft nodes fit in the W - 1 = "
+    # (a tree never fits with D > W - 1: its count, a number of any size, is computed only when it might fit, and
+    # said only when it is short)
+    nodes = ref.tree_nodes(int(branching), int(depth)) if depth <= window - 1 else None
+    if nodes is None or nodes > window - 1:
+        count = f" = {nodes}" if nodes is not None and nodes < _SAID_NODES else f" (over {_SAID_NODES:,})"
+        raise ArgumentError("tree", tree, f"a tree whose (K^D - 1)/(K - 1){count} draft nodes fit in the W - 1 = "
                                           f"{window - 1} draft slots of the window ({where})")
     if mode not in TREE_MODES:
         raise ArgumentError("tree", tree, f"None with mode {mode!r}: draft trees run with mode "

@@ -10,13 +10,13 @@ import math
 import os
 from typing import Iterable
 
-__all__ = ["InputError", "SAFETENSORS_DTYPES", "check_folder", "check_safetensors", "read_json", "read_prompts",
-           "read_prompt_lines", "quote", "shorten"]
+__all__ = ["InputError", "SAFETENSORS_DTYPES", "check_finite", "check_folder", "check_safetensors", "read_json",
+           "read_prompts", "read_prompt_lines", "quote", "shorten"]
 
 QUOTED = 80  # characters of a long input an error quotes
 # bytes per element of each safetensors dtype (the format's own table)
-SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
-                      "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+                      "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "C64": 8, "I64": 8, "U64": 8, "F64": 8}
 _MAX_HEADER = 100 << 20  # the safetensors library refuses a larger header
 
 
@@ -86,8 +86,10 @@ def read_json(path: str, flag: str, what: str = "a JSON object") -> dict:
 
 def check_safetensors(path: str, flag: str) -> dict:
     """The header of the safetensors file ``path`` ({tensor name: {dtype, shape, data_offsets}}), checked as the
-    format defines it: an 8-byte header length, a JSON header, every tensor's bytes inside the data and of its
-    shape's size, the data ending where the last tensor does (a truncated file fails here)."""
+    format defines it (and as the safetensors library reads it): an 8-byte header length within the file, a JSON
+    header, every tensor of a known dtype with as many bytes as its shape holds, the tensors' bytes inside the data,
+    none overlapping another, with no gap between them and none after the last (a truncated or damaged file fails
+    here, in one line naming the tensor)."""
     _file(path, flag, "a safetensors file")
     size = os.path.getsize(path)
 
@@ -105,32 +107,62 @@ def check_safetensors(path: str, flag: str) -> dict:
             raise bad("not a safetensors file (its header is not JSON)") from None
     if not isinstance(header, dict):
         raise bad("not a safetensors file (its header is not a JSON object)")
-    data, end = size - 8 - length, 0
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, stop = _tensor_span(info)
-        if begin is None:
-            raise bad(f"not a safetensors file (tensor {quote(name)} has no valid dtype, shape and data_offsets)")
-        if stop > data:
-            raise bad(f"truncated: tensor {quote(name)} ends at byte {stop} of the data, the file holds {data}")
-        end = max(end, stop)
-    if end != data:
-        raise bad(f"{data - end} bytes after the last tensor's data (a damaged file)")
-    return {name: info for name, info in header.items() if name != "__metadata__"}
+    tensors = {name: info for name, info in header.items() if name != "__metadata__"}
+    spans = sorted((_tensor_span(name, info, bad), name) for name, info in tensors.items())
+    _check_layout(spans, size - 8 - length, bad)
+    return tensors
 
 
-def _tensor_span(info) -> tuple:
-    """(begin, end) of a tensor's bytes, or (None, None) when its entry is not what the format writes."""
+def _tensor_span(name: str, info, bad) -> tuple:
+    """(begin, end) of a tensor's bytes in the data; ``bad(problem)`` raised when its entry is not what the format
+    writes (a field missing or of the wrong kind, a dtype it does not define, a byte count its shape does not hold)."""
     try:
         begin, stop = info["data_offsets"]
         shape, dtype = info["shape"], info["dtype"]
-        valid = isinstance(dtype, str) and all(isinstance(n, int) and n >= 0 for n in (begin, stop, *shape))
+        valid = isinstance(shape, list) and all(_count(n) for n in (begin, stop, *shape))
     except (KeyError, TypeError, ValueError):
-        return None, None
-    itemsize = SAFETENSORS_DTYPES.get(dtype)  # (a dtype newer than this table: its size is not checked)
-    sized = itemsize is None or stop - begin == math.prod(shape) * itemsize
-    return (begin, stop) if valid and begin <= stop and sized else (None, None)
+        valid = False
+    if not valid:
+        raise bad(f"not a safetensors file (tensor {quote(name)} has no valid dtype, shape and data_offsets)")
+    if dtype not in SAFETENSORS_DTYPES:
+        raise bad(f"tensor {quote(name)} has dtype {quote(dtype)}, which safetensors does not define")
+    if stop < begin:
+        raise bad(f"tensor {quote(name)} ends (byte {stop}) before it begins (byte {begin})")
+    if stop - begin != math.prod(shape) * SAFETENSORS_DTYPES[dtype]:
+        raise bad(f"tensor {quote(name)} has {stop - begin} bytes; its {dtype} shape {shape} holds "
+                  f"{math.prod(shape) * SAFETENSORS_DTYPES[dtype]}")
+    return begin, stop
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_layout(spans: list, data: int, bad) -> None:
+    """The tensors' bytes, in order of offset, tile the data from byte 0 to its end: no overlap, gap or excess."""
+    for (_, stop), name in spans:  # (first: an offset past the end says more than the gap it leaves)
+        if stop > data:
+            raise bad(f"truncated: tensor {quote(name)} ends at byte {stop} of the data, the file holds {data}")
+    end, last = 0, None
+    for (begin, stop), name in spans:
+        if begin < end:
+            raise bad(f"tensors {quote(last)} and {quote(name)} overlap (bytes {begin}..{end} of the data)")
+        if begin > end:
+            raise bad(f"{begin - end} bytes of the data before tensor {quote(name)} belong to no tensor")
+        end, last = stop, name
+    if end != data:
+        raise bad(f"{data - end} bytes after the last tensor's data (a damaged file)")
+
+
+def check_finite(tensors: dict, flag: str, path: str) -> dict:
+    """``tensors`` ({name: torch tensor}) when every floating-point one is finite; InputError naming the first that
+    holds a NaN or an infinity (weights a failed training wrote)."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+            bad = int((~tensor.isfinite()).sum())
+            raise InputError(flag, path, f"tensor {quote(name)} holds {bad} non-finite values (NaN or infinity) of "
+                                         f"{tensor.numel()}")
+    return tensors
 
 
 def read_prompts(path: str, flag: str = "--prompts") -> list[str]:

@@ -27,6 +27,7 @@ __all__ = ["Output", "OutputError", "write_atomic", "describe_failure", "STAGING
 
 STAGING_PREFIX = ".csd-staging-"  # + pid: an Output's staging folder inside its output folder
 TMP_SUFFIX = ".tmp"  # write_atomic's temporary file: .NAME.PID.tmp next to NAME
+_EARLIER = ".earlier-"  # + NAME: in the staging folder, the earlier file a commit replaces, until it is done
 
 
 class OutputError(Exception):
@@ -148,14 +149,45 @@ class Output:
         self.replaced = [name for name in staged if os.path.exists(self.final(name))]
         self.names = staged
         with signals_held():
-            for name in staged:
-                os.replace(os.path.join(self._staging, name), self.final(name))
-                self._moved.append(name)
+            self._keep_earlier(self.replaced)
+            try:
+                for name in staged:
+                    self._current = name
+                    os.replace(os.path.join(self._staging, name), self.final(name))
+                    self._moved.append(name)
+            except BaseException:
+                self._roll_back()
+                raise
             self.removed = self._remove_earlier(set(staged))
             if self._staging is not None:
                 shutil.rmtree(self._staging, ignore_errors=True)
             self.committed = True
         return [self.final(name) for name in staged]
+
+    def _keep_earlier(self, names: list[str]) -> None:
+        """A hard link (else a copy) of each earlier file the commit replaces, in the staging folder: what a failed
+        rename puts back."""
+        for name in names:
+            self._current = name
+            kept = os.path.join(self._staging, _EARLIER + name)
+            try:
+                os.link(self.final(name), kept)
+            except OSError:  # (a file system without hard links)
+                shutil.copy2(self.final(name), kept)
+
+    def _roll_back(self) -> None:
+        """After a failed rename: the files already put in place removed, the earlier ones they replaced restored, so
+        the folder is as it was (all or none)."""
+        for name in reversed(self._moved):
+            kept = os.path.join(self._staging, _EARLIER + name)
+            try:
+                if os.path.exists(kept):
+                    os.replace(kept, self.final(name))
+                else:
+                    os.unlink(self.final(name))
+            except OSError:
+                continue  # (left as the kept() line says)
+            self._moved.remove(name)
 
     def _remove_earlier(self, written: set) -> list[str]:
         if self.replaces is None or not os.path.isdir(self.folder):

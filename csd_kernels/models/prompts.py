@@ -24,22 +24,35 @@ def prompt_list(prompts) -> list:
     return prompts
 
 
+_MAX_DIGITS = 18  # of a class id (leading zeros aside): int64, and no Python limit on the digits of an int
+
+
+def _class_id(prompt):
+    """The int a class-id prompt names: ASCII digits only ("４" is refused: the figures' fonts may lack it), at
+    most _MAX_DIGITS of them; None for anything else."""
+    text = str(prompt).strip()
+    if isinstance(prompt, bool) or not (text.isascii() and text.isdigit()) or len(text.lstrip("0")) > _MAX_DIGITS:
+        return None
+    return int(text)
+
+
 def class_ids(prompts, classes: int, model: str) -> list[int]:
     """The class ids that class-conditional prompts name ("3"); ValueError for one outside 0..classes-1."""
     ids = []
     for prompt in prompt_list(prompts):
-        text = str(prompt).strip()
-        if isinstance(prompt, bool) or not text.isdigit() or not 0 <= int(text) < classes:
+        value = _class_id(prompt)
+        if value is None or not 0 <= value < classes:
             raise ValueError(f"prompt {quote(prompt)}: {model} takes a class id 0..{classes - 1}")
-        ids.append(int(text))
+        ids.append(value)
     return ids
 
 
 def class_id_texts(prompts) -> None:
-    """Prompts of a class-conditional checkpoint whose class count is read with it: each a non-negative int."""
+    """Prompts of a class-conditional checkpoint whose class count is read with it: each a non-negative int (of at
+    most _MAX_DIGITS ASCII digits)."""
     for prompt in prompt_list(prompts):
-        if isinstance(prompt, bool) or not str(prompt).strip().isdigit():
-            raise ValueError(f"prompt {quote(prompt)}: expected a class id, an int >= 0")
+        if _class_id(prompt) is None:
+            raise ValueError(f"prompt {quote(prompt)}: expected a class id, an int >= 0 in ASCII digits")
 
 
 def text_prompts(prompts) -> None:

@@ -122,10 +122,7 @@ class RunLock:
                         pass
                     self.took_over = owner
                     continue
-                who = (f"pid {owner.get('pid')} on {owner.get('host')}, since {owner.get('started')}" if owner
-                       else "unreadable lock file")
-                raise UsageError(f"--out {os.path.dirname(self.path)}: the folder is in use by another run ({who}); "
-                                 f"wait for it, or remove {self.path} if that run is dead") from None
+                raise self._in_use(owner) from None
             try:
                 with os.fdopen(fd, "w") as f:
                     json.dump(me, f)
@@ -137,6 +134,21 @@ class RunLock:
             self.held = True
             return self
         raise UsageError(f"--out {os.path.dirname(self.path)}: could not take the lock {self.path}")
+
+    def check_free(self) -> None:
+        """UsageError when a live run holds the lock now: asked before the model loads, so that a second run on a
+        folder in use is refused at once (acquire() decides for good)."""
+        if not os.path.exists(self.path):
+            return
+        owner = self._owner()
+        if owner is None or not self._stale(owner):
+            raise self._in_use(owner)
+
+    def _in_use(self, owner: Optional[dict]) -> UsageError:
+        who = (f"pid {owner.get('pid')} on {owner.get('host')}, since {owner.get('started')}" if owner
+               else "unreadable lock file")
+        return UsageError(f"--out {os.path.dirname(self.path)}: the folder is in use by another run ({who}); "
+                          f"wait for it, or remove {self.path} if that run is dead")
 
     def _owner(self) -> Optional[dict]:
         try:

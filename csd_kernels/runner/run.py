@@ -238,9 +238,11 @@ def _take_folder(ctx: Dist, spec: RunSpec) -> dict:
 
 def _prepare(spec: RunSpec, device: torch.device) -> dict:
     """Rank 0: prompts, model and settings checked, the folder locked, run.json written or matched."""
+    RunLock(spec.out).check_free()  # (a folder in use: refused before the model loads)
     try:
         prompts = zoo.check_prompt_file(spec.model, spec.prompts_file)  # (by the grammar: before the model loads)
         entry = zoo.load(spec.model, device=device, **spec.model_options)
+        zoo.check_lantern_k(entry, spec.modes, spec.generate_kwargs.get("lantern_k"))
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from exc
     for number, prompt in read_prompt_lines(spec.prompts_file):  # (what only the loaded model knows: a class count)

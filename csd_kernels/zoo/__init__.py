@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["MODELS", "MODEL_NAMES", "MEASURED_MODELS", "DIGITS_MEASURES", "Measure", "ZooModel", "check_prompts",
-           "check_prompt_file",
+           "check_prompt_file", "check_lantern_k",
            "describe_options", "load", "measurement_prompts"]
 
 DIGITS_MEASURES = (Measure("accuracy", "accuracy", True, "classifier accuracy"),
@@ -201,6 +201,23 @@ def check_prompt_file(name: str, path: str, flag: str = "--prompts") -> list[str
         except ValueError as exc:
             raise InputError(flag, path, f"line {number}: {exc}") from None
     return [prompt for _, prompt in lines]
+
+
+def check_lantern_k(entry: ZooModel, modes, lantern_k: Optional[int]) -> None:
+    """ValueError (one line, naming the flag) for a --lantern-k wider than the model's neighbour table (its V − 1
+    other codes), when one of ``modes`` takes the table: decided once the model is loaded, before anything is
+    written (the op would refuse it only after the run began)."""
+    from ..config.acceptance import rule_named
+    from ..config.modes import MODE_TABLE
+    from ..models import get_adapter
+
+    rules = [MODE_TABLE[mode].rule for mode in modes if MODE_TABLE[mode].rule is not None]
+    if lantern_k is None or not any(rule_named(rule).needs_neighbours for rule in rules):
+        return
+    width = get_adapter(entry.model).vocab_size - 1
+    if lantern_k > width:
+        raise ValueError(f"--lantern-k {lantern_k}: expected an int in [1, {width}] for --model {entry.name} (its "
+                         f"neighbour table holds the {width} other codes of its codebook)")
 
 
 def _takes(entry, prompt) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..fileio.inputs import InputError, check_folder, check_safetensors, read_json, shorten
+from ..fileio.inputs import InputError, check_finite, check_folder, check_safetensors, read_json, shorten
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -76,8 +76,9 @@ def load_llama(weights_dir: str | os.PathLike, what: str, attn_implementation: s
         example = (missing + unexpected)[0]
         raise InputError(flag, w_path, f"tensors of another model than its {CONFIG_FILE} describes ({len(missing)} "
                                        f"missing, {len(unexpected)} unexpected, e.g. {example})")
+    sd = check_finite(load_file(w_path), flag, w_path)
     try:
-        sd = {k: v.to(dtype) for k, v in load_file(w_path).items()}
+        sd = {k: v.to(dtype) for k, v in sd.items()}
         lm.load_state_dict(sd, strict=False)
     except (RuntimeError, OSError) as exc:  # (shapes of another config)
         raise InputError(flag, w_path, f"tensors that do not fit its {CONFIG_FILE} ({shorten(exc)})") from exc

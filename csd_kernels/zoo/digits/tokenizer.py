@@ -232,13 +232,14 @@ class PatchCodebook:
     def load(cls, path: str | os.PathLike, flag: str = "--weights") -> "PatchCodebook":
         from safetensors import safe_open
 
-        from ...fileio.inputs import check_safetensors
+        from ...fileio.inputs import check_finite, check_safetensors
 
         check_safetensors(str(path), flag)  # (a damaged file: one line naming it, before safetensors reads it)
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             cent = f.get_tensor("centroids").float()
             values = f.get_tensor("values").float()
+        check_finite({"centroids": cent, "values": values}, flag, str(path))
         if cent.ndim != 2 or cent.shape != values.shape or cent.shape[1] != PATCH_DIM:
             raise ValueError(f"malformed codebook file {path}: centroids {tuple(cent.shape)}, "
                              f"values {tuple(values.shape)}")

@@ -128,9 +128,9 @@ class PatchTokenizer:
         """The tokenizer saved at ``path``; InputError naming ``flag`` for a damaged file or one of another kind."""
         from safetensors.torch import load_file
 
-        from ...fileio.inputs import InputError, check_safetensors
+        from ...fileio.inputs import InputError, check_finite, check_safetensors
 
         centroids = check_safetensors(str(path), flag).get("centroids")
         if centroids is None or len(centroids["shape"]) != 2 or centroids["shape"][1] != PATCH_DIM:
             raise InputError(flag, str(path), f"not a scenes tokenizer (expected a centroids tensor [K, {PATCH_DIM}])")
-        return cls(load_file(str(path))["centroids"].float())
+        return cls(check_finite(load_file(str(path)), flag, str(path))["centroids"].float())
