@@ -178,7 +178,7 @@ def test_random_rows_have_the_rules_law_chi2(rule, draft_logits):
 
 def test_a_request_repeats_with_its_seed_and_position_wherever_it_is():
     """vLLM keys a request's draws by (seed, pos): the same request, alone or second in a batch with another state
-    row, gives the same tokens; another seed changes them."""
+    row, gives the same tokens; another seed, or another position, changes them."""
     vocab, steps = 40, 3
     args = _batch([[1, 2, 3], [4, 5, 6]], vocab, steps, temperature=[1.0, 1.0], seed=[11, 12], pos0=[5, 9],
                   draft_logits=True)
@@ -188,11 +188,18 @@ def test_a_request_repeats_with_its_seed_and_position_wherever_it_is():
     alone[0] = args[0][4:]
     alone[1][2] = args[1][1]
     assert runs[0] == runs[1] == runs[2] == _layout(*mrv2.rejection_sample(*alone), steps)[0]
-    changed = []
-    for s in range(12):
-        args[9][1] = 100 + s
-        changed.append(_layout(*mrv2.rejection_sample(*args), steps)[1])
-    assert any(c != runs[0] for c in changed)
+    for change in ("seed", "pos"):  # either key changes the draws
+        changed = []
+        for s in range(12):
+            moved = list(args)
+            if change == "seed":
+                moved[9] = args[9].clone()
+                moved[9][1] = 100 + s
+            else:
+                moved[4] = args[4].clone()
+                moved[4][4:] += 1 + s
+            changed.append(_layout(*mrv2.rejection_sample(*moved), steps)[1])
+        assert any(c != runs[0] for c in changed), change
 
 
 def test_a_mixed_batch_takes_each_rows_path_and_a_negative_seed_is_a_seed():
