@@ -344,6 +344,16 @@ def test_a_vllm_whose_function_has_another_signature_is_refused_in_one_line(monk
     assert "draft_logits_cache" in str(error.value) and "not the one the plugin knows" in str(error.value)
 
 
+def test_a_vllm_without_one_of_the_modules_is_refused_in_one_line(monkeypatch):
+    """vLLM 0.34 has no vllm.v1.sample.rejection_sampler: one line naming it, not a traceback from the import."""
+    _fake_vllm(monkeypatch)
+    monkeypatch.setitem(sys.modules, v1.V1_MODULE, None)  # import raises ImportError
+    monkeypatch.setenv(v1.PLUGIN_ENV, "strict")
+    with pytest.raises(RuntimeError, match=f"^{v1.V1_MODULE} does not import .*not the one the plugin knows") as error:
+        v1.register()
+    assert "\n" not in str(error.value)
+
+
 # ------------------------------------------------------------------------------------------------ a running engine
 class _StubWorker:
     """vLLM's Worker as collective_rpc sees it: the callable gets the worker first."""

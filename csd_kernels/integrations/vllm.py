@@ -216,11 +216,20 @@ def install_everywhere(rule: str = "strict") -> list:
     """Imports vLLM's modules that look ``rejection_sample`` up and rebinds the name in each (V1's to
     :func:`rejection_sample`, MRV2's to :func:`.vllm_mrv2.rejection_sample`); the names of those it rebound now.
     Also the body of a ``collective_rpc`` call that swaps the op into a running engine's workers (docs/drop-in.md)."""
-    rebound = [V1_MODULE] if install(importlib.import_module(V1_MODULE), rule) else []
+    rebound = [V1_MODULE] if install(_vllm_module(V1_MODULE), rule) else []
     for name in vllm_mrv2.MRV2_MODULES:
-        if vllm_mrv2.install(importlib.import_module(name), rule):
+        if vllm_mrv2.install(_vllm_module(name), rule):
             rebound.append(name)
     return rebound
+
+
+def _vllm_module(name: str):
+    """vLLM's module ``name``; RuntimeError in one line where this vLLM has none (0.34 dropped V1's sampler)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        raise RuntimeError(f"{name} does not import ({error}): this vLLM is not the one the plugin knows "
+                           "(vLLM 0.33)") from None
 
 
 def swap_in_worker(worker, rule: str = "strict") -> list:
