@@ -156,7 +156,7 @@ def main() -> None:
         verdicts = {test: classify(test, result, baseline) for test, result in ours.items()}
         count = {v: sum(1 for x in verdicts.values() if x == v) for v in set(verdicts.values())}
         base_passed = sum(1 for r in baseline.values() if r[0] == "passed")
-        lines.append(f"| `{path}` ({'CUDA shims, ' if cuda_shim else ''}{len(ours)} tests) | ours: "
+        lines.append(f"| `{args.tests.name}/{path}` ({'CUDA shims, ' if cuda_shim else ''}{len(ours)} tests) | ours: "
                      + ", ".join(f"{n} {v}" for v, n in sorted(count.items()))
                      + f"; vLLM's own on this CPU: {base_passed} passed of {len(baseline)} |")
         details += [f"- `{test}`: {verdict}; calls to ours {ours[test][2]}; {ours[test][1]}"
