@@ -47,6 +47,28 @@ def test_emu3_greedy_custom_generate_is_the_stock_generate(emu3, negative, mode,
     assert torch.equal(short, torch.cat([ids, stock[:, :7]], 1))  # max_new_tokens cuts as the stock call does
 
 
+def test_emu3_reads_its_grid_from_the_prompts_size_text():
+    """The stock call unchanged plus custom_generate=: no grid=, the prompt's "3*4" (Emu3Processor's size text) read
+    through config.vocabulary_map, which a real Emu3 config carries whole (the tokenizer's vocabulary); the tokens
+    equal the stock call's; rows asking for different sizes, or a prompt without size text, are refused."""
+    from test_emu3 import BOI, BOS, WRAPPER
+
+    model = build_tiny_emu3()
+    model.config.vocabulary_map = {**model.config.vocabulary_map, "3": 9, "*": 10, "4": 11, "2": 12}
+    ids, mask = left_padded([[BOS, 5, 6, 7, BOI, 9, 10, 11, WRAPPER], [BOS, 13, BOI, 9, 10, 11, WRAPPER]])
+    stock = _transformers_greedy(model, ids, mask, None)  # GRID = (3, 4), the size text
+    out = model.generate(ids, attention_mask=mask, custom_generate=custom_generate_path(), trust_remote_code=True,
+                         max_new_tokens=IMAGE_LENGTH, do_sample=False, guidance_scale=CFG, pad_token_id=PAD,
+                         eos_token_id=EOS, mode="sjd", window=16)
+    assert torch.equal(out, torch.cat([ids, stock], 1))
+    ids, mask = left_padded([[BOS, 5, BOI, 9, 10, 11, WRAPPER], [BOS, 5, BOI, 12, 10, 11, WRAPPER]])
+    with pytest.raises(ValueError, match=r"different sizes \[\(2, 4\), \(3, 4\)\]"):
+        model.generate(ids, attention_mask=mask, custom_generate=custom_generate_path(), trust_remote_code=True)
+    ids, mask = left_padded([[BOS, 5, BOI, 9, 10, WRAPPER]])  # "3*": no width
+    with pytest.raises(ValueError, match=r"read '3\*'.*grid=\(H, W\)"):
+        model.generate(ids, attention_mask=mask, custom_generate=custom_generate_path(), trust_remote_code=True)
+
+
 def _first_token_counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.bincount(tokens.long(), minlength=vocab).double()
 

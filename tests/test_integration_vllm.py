@@ -9,8 +9,6 @@ rejection_sample the logits after its processors (temperature, top-k / top-p as 
 
 from __future__ import annotations
 
-import sys
-import types
 from types import SimpleNamespace
 
 import pytest
@@ -277,16 +275,12 @@ def test_bad_input_raises_naming_the_argument():
 
 # ---------------------------------------------------------------------------------------------- the plugin
 def _fake_vllm(monkeypatch):
-    """sys.modules entries for vllm.v1.sample.rejection_sampler with a recording rejection_sample."""
-    calls = []
-    module = types.ModuleType("vllm.v1.sample.rejection_sampler")
-    module.rejection_sample = lambda *a, **kw: calls.append(kw) or "vllm's own"
-    names = ["vllm", "vllm.v1", "vllm.v1.sample"]
-    for name in names:
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setattr(sys.modules["vllm.v1.sample"], "rejection_sampler", module, raising=False)
-    monkeypatch.setitem(sys.modules, "vllm.v1.sample.rejection_sampler", module)
-    return module, calls
+    """vLLM 0.33's modules (both runners) in sys.modules with recording functions of vLLM's signatures: V1's module
+    and the calls that reached any of vLLM's functions."""
+    from test_integration_vllm_mrv2 import _fake_vllm as fake_both
+
+    modules, calls = fake_both(monkeypatch)
+    return modules[adapter.V1_MODULE], calls
 
 
 def test_the_plugin_is_off_unless_the_variable_names_a_rule(monkeypatch):

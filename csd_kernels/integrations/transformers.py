@@ -1,11 +1,12 @@
 """Jacobi decoding entered from transformers' own calls: ``generate(custom_generate=...)`` and Janus' image mode.
 
 * :func:`custom_generate_path`: the folder holding ``custom_generate/generate.py`` (shipped in the wheel), for
-  ``model.generate(**inputs, custom_generate=path, trust_remote_code=True, mode="sjd", window=16, grid=(H, W), ...)``
+  ``model.generate(**inputs, custom_generate=path, trust_remote_code=True, mode="sjd", window=16, ...)``
   on an ``Emu3ForConditionalGeneration`` or a ``ChameleonForConditionalGeneration`` in the Lumina-mGPT layout. It
   returns what the stock image-generation call returns: the prompt followed by the image part in the model's own
   vocabulary and layout (rows of codes, each followed by the row-end token, then the model's end tokens), cut to
-  the stock call's new-token budget (``max_new_tokens``, else ``max_length`` minus the prompt).
+  the stock call's new-token budget (``max_new_tokens``, else ``max_length`` minus the prompt). Emu3's token grid
+  is read from the prompt's size text, as the stock call's ``prefix_allowed_tokens_fn`` has it (``grid=`` overrides).
 * :func:`janus_generate_image`: ``JanusForConditionalGeneration.generate(generation_mode="image")``'s arguments and
   return (the image tokens [B, num_image_tokens]), decoded by :func:`csd_kernels.generate`.
 
@@ -23,6 +24,7 @@ accepted and not called; logits processors, stopping criteria, streamers and ass
 from __future__ import annotations
 
 import os
+import re
 from typing import Optional
 
 import torch
@@ -46,12 +48,13 @@ def custom_generate(model, inputs: Optional[torch.Tensor] = None, generation_con
                     streamer=None, negative_prompt_ids=None, negative_prompt_attention_mask=None,
                     use_model_defaults=None, **kwargs):
     """The body of custom_generate/generate.py: transformers' ``generate`` arguments in, its image-generation output
-    out (module docstring). ``grid=(H, W)`` is required for Emu3 (the prompt's size text is not parsed)."""
+    out (module docstring). Emu3's token grid is the prompt's own size text (``<|image start|>H*W<|image token|>``,
+    read through the model's ``vocabulary_map``); ``grid=(H, W)`` overrides it."""
     del prefix_allowed_tokens_fn, use_model_defaults
     _refuse(logits_processor=logits_processor, stopping_criteria=stopping_criteria, synced_gpus=synced_gpus,
             assistant_model=assistant_model, streamer=streamer)
     prompt, attention_mask, config, options = _arguments(model, inputs, generation_config, kwargs)
-    adapter = _adapter(model, options, negative_prompt_ids, negative_prompt_attention_mask)
+    adapter = _adapter(model, prompt, options, negative_prompt_ids, negative_prompt_attention_mask)
     out = generate(adapter, prompt, attention_mask=attention_mask, **_sampling(config, default_cfg=1.0), **options)
     new = out.sequences.to(device=prompt.device, dtype=prompt.dtype)
     budget = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - prompt.shape[1]
@@ -102,13 +105,12 @@ def _sampling(config, default_cfg: float) -> dict:
                 top_k=config.top_k or None, top_p=top_p, min_p=config.min_p or None)
 
 
-def _adapter(model, options: dict, negative_prompt_ids, negative_prompt_attention_mask):
+def _adapter(model, prompt, options: dict, negative_prompt_ids, negative_prompt_attention_mask):
     """The image adapter of ``model`` (its layout options taken out of ``options``)."""
     name = type(model).__name__
     if name == "Emu3ForConditionalGeneration":
         grid = options.pop("grid", None)
-        if grid is None:
-            raise ValueError("Emu3 needs its token grid: pass grid=(H, W) (the prompt's H*W) to generate()")
+        grid = _emu3_grid_from_prompt(model, prompt) if grid is None else grid
         return Emu3Adapter(model, tuple(grid), negative_prompt_ids=_one_negative_prompt(negative_prompt_ids,
                                                                                         negative_prompt_attention_mask))
     if name == "ChameleonForConditionalGeneration":
@@ -120,6 +122,28 @@ def _adapter(model, options: dict, negative_prompt_ids, negative_prompt_attentio
     raise ValueError(f"custom_generate runs Emu3ForConditionalGeneration and ChameleonForConditionalGeneration (the "
                      f"Lumina-mGPT layout), not {name}; Janus: csd_kernels.integrations.transformers."
                      "janus_generate_image")
+
+
+def _emu3_grid_from_prompt(model, prompt: torch.Tensor) -> tuple:
+    """(H, W) from the size text ``<|image start|>H*W<|image token|>`` that Emu3Processor writes into every image
+    prompt, read through ``config.vocabulary_map`` (the tokenizer's vocabulary, which Emu3's config carries)."""
+    vocabulary = getattr(model.config, "vocabulary_map", None) or {}
+    text_of = {i: s.decode() if isinstance(s, bytes) else s for s, i in vocabulary.items()}
+    start, wrapper = vocabulary.get("<|image start|>"), vocabulary.get("<|image token|>")
+    grids = set()
+    for row in prompt.tolist():
+        begin = max((j for j, t in enumerate(row) if t == start), default=None)
+        end = next((j for j in range(begin + 1, len(row)) if row[j] == wrapper), None) if begin is not None else None
+        size = "".join(text_of.get(t, "?") for t in row[begin + 1:end]) if end is not None else ""
+        match = re.fullmatch(r"(\d+)\*(\d+)", size)
+        if match is None or min(int(match[1]), int(match[2])) < 1:
+            raise ValueError("Emu3's token grid: the prompt has no <|image start|>H*W<|image token|> size text that "
+                             f"the model's vocabulary_map spells (read {size!r}); pass grid=(H, W) to generate()")
+        grids.add((int(match[1]), int(match[2])))
+    if len(grids) != 1:
+        raise ValueError(f"Emu3's token grid: the prompt's rows ask for different sizes {sorted(grids)}; generate them "
+                         "in separate calls")
+    return grids.pop()
 
 
 def _one_negative_prompt(ids, mask):

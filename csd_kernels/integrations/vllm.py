@@ -14,24 +14,29 @@ differs from vLLM: the random numbers (verify's counter-based Philox stream, see
 ``torch.Generator`` when it has one): the same law, not the same tokens.
 
 ``register()`` is the ``vllm.general_plugins`` entry point (setup.py): with ``CSD_KERNELS_VLLM`` set to a rule (or 1
-for "strict") it rebinds ``vllm.v1.sample.rejection_sampler.rejection_sample`` to this function; vLLM's synthetic
-and FLy modes still go to vLLM's own function.
+for "strict") it rebinds ``vllm.v1.sample.rejection_sampler.rejection_sample`` to this function and Model Runner V2's
+``rejection_sample`` (the runner vLLM 0.33 uses wherever Triton runs) to :mod:`.vllm_mrv2`'s; the modes this package
+does not implement still go to vLLM's own functions.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Optional, Sequence
 
 import torch
 
 from ..ops.verify import verify
-from .plugin import rebind, rule_from_env
+from . import vllm_mrv2
+from .plugin import rebind, rule_from_env, rule_from_value
 
-__all__ = ["PLACEHOLDER_TOKEN_ID", "PLUGIN_ENV", "rejection_sample", "register", "install"]
+__all__ = ["PLACEHOLDER_TOKEN_ID", "PLUGIN_ENV", "V1_MODULE", "rejection_sample", "register", "install_everywhere",
+           "swap_in_worker", "install", "unsupported"]
 
 PLACEHOLDER_TOKEN_ID = -1  # vLLM's padding after a request's tokens
 GREEDY_TEMPERATURE = 0  # vLLM 0.33 marks greedy requests by temperature 0
 PLUGIN_ENV = "CSD_KERNELS_VLLM"
+V1_MODULE = "vllm.v1.sample.rejection_sampler"  # where V1's RejectionSampler.forward looks the name up
 _SEED_HIGH = (1 << 63) - 1
 
 
@@ -199,24 +204,57 @@ def _check(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
 # ----------------------------------------------------------------------------------------------------------------------
 def register() -> None:
     """vLLM calls this in each of its processes (entry point ``csd_kernels`` of ``vllm.general_plugins``). With
-    ``CSD_KERNELS_VLLM`` unset (or 0) it does nothing; set to a rule (1 = "strict") it rebinds vLLM's
-    ``rejection_sample``."""
+    ``CSD_KERNELS_VLLM`` unset (or 0) it does nothing; set to a rule (1 = "strict") it rebinds ``rejection_sample``
+    wherever vLLM 0.33 looks it up, for V1 (``V1_MODULE``) and for Model Runner V2 (``vllm_mrv2.MRV2_MODULES``); a
+    value that names no rule is refused here, in one line."""
     rule = rule_from_env(PLUGIN_ENV)
-    if rule is None:
-        return
-    from vllm.v1.sample import rejection_sampler
+    if rule is not None:
+        install_everywhere(rule)
 
-    install(rejection_sampler, rule)
+
+def install_everywhere(rule: str = "strict") -> list:
+    """Imports vLLM's modules that look ``rejection_sample`` up and rebinds the name in each (V1's to
+    :func:`rejection_sample`, MRV2's to :func:`.vllm_mrv2.rejection_sample`); the names of those it rebound now.
+    Also the body of a ``collective_rpc`` call that swaps the op into a running engine's workers (docs/drop-in.md)."""
+    rebound = [V1_MODULE] if install(_vllm_module(V1_MODULE), rule) else []
+    for name in vllm_mrv2.MRV2_MODULES:
+        if vllm_mrv2.install(_vllm_module(name), rule):
+            rebound.append(name)
+    return rebound
+
+
+def _vllm_module(name: str):
+    """vLLM's module ``name``; RuntimeError in one line where this vLLM has none (0.34 dropped V1's sampler)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        raise RuntimeError(f"{name} does not import ({error}): this vLLM is not the one the plugin knows "
+                           "(vLLM 0.33)") from None
+
+
+def swap_in_worker(worker, rule: str = "strict") -> list:
+    """``LLM.collective_rpc(swap_in_worker, kwargs={"rule": rule})`` runs this in each of an engine's workers (vLLM
+    hands the worker first): :func:`install_everywhere` in that worker's process, for either runner."""
+    del worker
+    rule = rule_from_value(rule)
+    return [] if rule is None else install_everywhere(rule)
 
 
 def install(module, rule: str = "strict") -> bool:
     """Rebinds ``module.rejection_sample`` (vLLM's ``vllm.v1.sample.rejection_sampler``) to this package's, with
-    ``rule`` and no host sync (``validate=False``); calls in vLLM's synthetic or FLy mode go to vLLM's own function.
-    Whether it rebound (False: already done)."""
+    ``rule`` and no host sync (``validate=False``); calls in vLLM's synthetic or FLy mode, by keyword or by position,
+    go to vLLM's own function. Whether it rebound (False: already done)."""
 
     def rejection_sample_on_csd_kernels(*args, **kwargs):
-        if kwargs.get("synthetic_mode") or kwargs.get("fly_window_size") is not None:
+        if unsupported(args, kwargs):
             return rejection_sample_on_csd_kernels.csd_kernels_original(*args, **kwargs)
         return rejection_sample(*args, rule=rule, validate=False, **kwargs)
 
-    return rebind(module, "rejection_sample", rejection_sample_on_csd_kernels)
+    return rebind(module, "rejection_sample", rejection_sample_on_csd_kernels, ours=rejection_sample)
+
+
+def unsupported(args: tuple, kwargs: dict) -> bool:
+    """Whether a call, given by position or keyword, is in vLLM's synthetic or FLy mode (left to vLLM)."""
+    synthetic = args[8] if len(args) > 8 else kwargs.get("synthetic_mode")
+    fly_window_size = args[11] if len(args) > 11 else kwargs.get("fly_window_size")
+    return bool(synthetic) or fly_window_size is not None
