@@ -9,8 +9,9 @@ csd_kernels/backends/compiled.py reads the record before loading it (docs/develo
 
 The extension is csd_kernels._C: python/bindings.cpp + the CPU kernels (csrc/cpu/*.cpp). When torch has CUDA
 (torch.version.cuda) and nvcc / CUDA_HOME is found, it becomes a CUDAExtension that also compiles the CUDA kernels
-(csrc/cuda/verify*.cu + their glue .cpp, -DCSD_WITH_CUDA). The sources and flags are csd_kernels/_build_flags.py's,
-shared with the just-in-time build (CSD_KERNELS_JIT=1); the C++ standard is the one torch's cpp_extension adds.
+(csrc/cuda/verify*.cu + their glue .cpp, -DCSD_WITH_CUDA). The sources and flags are those of
+csd_kernels/backends/build_flags.py, shared with the just-in-time build (CSD_KERNELS_JIT=1); the C++ standard is the
+one torch's cpp_extension adds.
 
 Environment:
     CSD_KERNELS_CUDA=0    never build the CUDA kernel
@@ -18,7 +19,7 @@ Environment:
     CSD_KERNELS_CUDA_ARCH (optional) TORCH_CUDA_ARCH_LIST to use, default "8.0;9.0" when unset
 
 A build reuses the extension already in csd_kernels/ when its stamp (csd_kernels/_C.stamp: a hash of csrc/, python/,
-setup.py, _build_flags.py, the torch it was built against and the compiler flags, plus the hash of the built file) is
+setup.py, build_flags.py, the torch it was built against and the compiler flags, plus the hash of the built file) is
 current: pip's builds compile in a fresh temporary directory each time, so without it every `pip install -e .`
 recompiled.
 """
@@ -34,7 +35,7 @@ import warnings
 from setuptools import find_packages, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-FLAGS_FILE = os.path.join("csd_kernels", "_build_flags.py")  # the sources and flags, shared with the JIT build
+FLAGS_FILE = os.path.join("csd_kernels", "backends", "build_flags.py")  # sources and flags, shared with the JIT
 BUILD_INPUTS = ("csrc", "python", "setup.py", FLAGS_FILE)  # what the extension is compiled from, relative to ROOT
 STAMP = os.path.join("csd_kernels", "_C.stamp")
 ZOO_MODELS = ("digits", "scenes")  # csd_kernels.zoo.<name>: code, weights/ (package data: no __init__.py) and README
@@ -49,7 +50,7 @@ warnings.filterwarnings("ignore", message=r"Failed to initialize NumPy")
 
 
 def _load_build_flags():
-    """csd_kernels/_build_flags.py by path (the package itself imports torch, which a build may not have yet)."""
+    """FLAGS_FILE by path (the package itself imports torch, which a build may not have yet)."""
     spec = importlib.util.spec_from_file_location("csd_kernels_build_flags", os.path.join(ROOT, FLAGS_FILE))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -220,7 +221,7 @@ if __name__ == "__main__":  # as pip and `python setup.py` run it; tests/test_pa
         include_package_data=False,
         python_requires=">=3.9",
         # the kernels need torch and numpy only; the model adapters, the csd command and the tests are extras
-        install_requires=["torch>=2.4", "numpy"],
+        install_requires=["torch>=2.11", "numpy"],  # the oldest torch built and tested (docs/development.md#the-build)
         extras_require={
             "models": MODELS,
             "cli": CLI,

@@ -15,7 +15,7 @@ import warnings
 import pytest
 import torch
 
-from csd_kernels import _build_flags as flags
+from csd_kernels.backends import build_flags as flags
 from csd_kernels.backends import compiled, jit
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -97,11 +97,12 @@ def test_the_stamp_follows_every_build_input(tmp_path):
     shutil.copytree(REPO / "csrc", tree / "csrc")
     shutil.copytree(REPO / "python", tree / "python")
     shutil.copy(REPO / "setup.py", tree / "setup.py")
-    (tree / "csd_kernels").mkdir()
-    shutil.copy(REPO / "csd_kernels" / "_build_flags.py", tree / "csd_kernels" / "_build_flags.py")
+    (tree / "csd_kernels" / "backends").mkdir(parents=True)
+    flags_file = pathlib.Path("csd_kernels", "backends", "build_flags.py")
+    shutil.copy(REPO / flags_file, tree / flags_file)
     hashes = [_source_hash(tree)]
     assert hashes[0] == _source_hash(REPO)
-    for path in ("csrc/cpu/verify.cpp", "python/bindings.cpp", "setup.py", "csd_kernels/_build_flags.py"):
+    for path in ("csrc/cpu/verify.cpp", "python/bindings.cpp", "setup.py", "csd_kernels/backends/build_flags.py"):
         with open(tree / path, "a") as f:
             f.write("\n")
         hashes.append(_source_hash(tree))

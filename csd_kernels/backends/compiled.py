@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from .. import _build_flags as flags
+from . import build_flags as flags
 from . import jit
 from .spec import TREE_ARGS, TreeArgs, VerifyArgs, compiled_names
 

@@ -1,5 +1,5 @@
 """Just-in-time build of csd_kernels._C for the running torch (opt-in: CSD_KERNELS_JIT=1): the sources and flags of
-setup.py (csd_kernels/_build_flags.py) compiled by torch.utils.cpp_extension.load into a cache directory keyed by the
+setup.py (backends/build_flags.py) compiled by torch.utils.cpp_extension.load into a cache directory keyed by the
 torch and the sources, so that one compile serves every later process on that torch."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from .. import _build_flags as flags
+from . import build_flags as flags
 
 ENV = "CSD_KERNELS_JIT"
 CACHE_ENV = "CSD_KERNELS_CACHE"  # default ~/.cache/csd_kernels/jit
