@@ -2,32 +2,41 @@
 
     pip install --no-build-isolation -e .      # or `pip install --no-build-isolation .`
 
---no-build-isolation builds against the torch already installed in the environment (the extension must match the
-torch it is loaded into); pyproject.toml lists the build requirements for isolated builds.
+The extension must match the torch it is loaded into, so it is built against the torch already installed in the
+environment: a build whose environment has no torch, or pip's own (an isolated build: `pip install .` without
+--no-build-isolation), is refused in one line. The build records that torch (version, C++ ABI) in the extension;
+csd_kernels/backends/compiled.py reads the record before loading it (docs/development.md#the-build).
 
-The extension is csd_kernels._C: python/bindings.cpp + the CPU kernels (csrc/cpu/verify.cpp, verify_tree.cpp,
-tree_candidates.cpp). When torch has CUDA (torch.version.cuda) and nvcc / CUDA_HOME is found, it becomes a
-CUDAExtension that also compiles the CUDA kernels (csrc/cuda/verify*.cu + their glue .cpp, -DCSD_WITH_CUDA).
+The extension is csd_kernels._C: python/bindings.cpp + the CPU kernels (csrc/cpu/*.cpp). When torch has CUDA
+(torch.version.cuda) and nvcc / CUDA_HOME is found, it becomes a CUDAExtension that also compiles the CUDA kernels
+(csrc/cuda/verify*.cu + their glue .cpp, -DCSD_WITH_CUDA). The sources and flags are those of
+csd_kernels/backends/build_flags.py, shared with the just-in-time build (CSD_KERNELS_JIT=1); the C++ standard is the
+one torch's cpp_extension adds.
+
 Environment:
     CSD_KERNELS_CUDA=0    never build the CUDA kernel
     CSD_KERNELS_CUDA=1    require it (error when torch has no CUDA or nvcc is missing)
     CSD_KERNELS_CUDA_ARCH (optional) TORCH_CUDA_ARCH_LIST to use, default "8.0;9.0" when unset
 
 A build reuses the extension already in csd_kernels/ when its stamp (csd_kernels/_C.stamp: a hash of csrc/, python/,
-setup.py, the torch it was built against and the compiler flags, plus the hash of the built file) is current: pip's
-builds compile in a fresh temporary directory each time, so without it every `pip install -e .` recompiled.
+setup.py, build_flags.py, the torch it was built against and the compiler flags, plus the hash of the built file) is
+current: pip's builds compile in a fresh temporary directory each time, so without it every `pip install -e .`
+recompiled.
 """
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
+import sys
 import warnings
 
 from setuptools import find_packages, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-BUILD_INPUTS = ("csrc", "python", "setup.py")  # what the extension is compiled from, relative to ROOT
+FLAGS_FILE = os.path.join("csd_kernels", "backends", "build_flags.py")  # sources and flags, shared with the JIT
+BUILD_INPUTS = ("csrc", "python", "setup.py", FLAGS_FILE)  # what the extension is compiled from, relative to ROOT
 STAMP = os.path.join("csd_kernels", "_C.stamp")
 ZOO_MODELS = ("digits", "scenes")  # csd_kernels.zoo.<name>: code, weights/ (package data: no __init__.py) and README
 
@@ -40,58 +49,84 @@ warnings.filterwarnings("ignore", message=r"Editable installation\.")
 warnings.filterwarnings("ignore", message=r"Failed to initialize NumPy")
 
 
-def _cuda_wanted(torch, cuda_home):
-    flag = os.environ.get("CSD_KERNELS_CUDA", "").strip().lower()
-    have_torch_cuda = bool(getattr(torch.version, "cuda", None))
-    have_nvcc = cuda_home is not None and (
-        os.path.exists(os.path.join(cuda_home, "bin", "nvcc")) or shutil.which("nvcc") is not None
-    )
-    if flag in ("0", "false", "no", "off"):
-        return False
-    if flag in ("1", "true", "yes", "on"):
-        if not have_torch_cuda:
-            raise RuntimeError(
-                "CSD_KERNELS_CUDA=1 but the installed torch has no CUDA (torch.version.cuda is None); "
-                "install a CUDA build of torch or unset CSD_KERNELS_CUDA"
-            )
-        if not have_nvcc:
-            raise RuntimeError("CSD_KERNELS_CUDA=1 but nvcc was not found (set CUDA_HOME or put nvcc on the PATH)")
-        return True
-    return have_torch_cuda and have_nvcc
+def _load_build_flags():
+    """FLAGS_FILE by path (the package itself imports torch, which a build may not have yet)."""
+    spec = importlib.util.spec_from_file_location("csd_kernels_build_flags", os.path.join(ROOT, FLAGS_FILE))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+flags = _load_build_flags()
+BUILD_ARGV = sys.argv if __name__ == "__main__" else []  # as pip runs it; not when tests import it
+BUILD_COMMANDS = {"build", "build_ext", "bdist_wheel", "install", "develop", "editable_wheel", "bdist_egg"}
+REFUSAL = ("csd-kernels compiles its extension against the torch already installed, and this build environment has "
+           "{what} (pip isolates builds unless told not to): install torch, then `pip install --no-build-isolation .`")
+
+
+def _builds(argv) -> bool:
+    return any(arg in BUILD_COMMANDS for arg in argv[1:])
+
+
+def _check_build_torch(torch, argv):
+    """Refuses, in one line, a build whose torch is missing or is pip's own (an isolated build environment): its
+    extension would be made for a torch other than the one that loads it."""
+    if not _builds(argv):
+        return
+    if torch is None:
+        raise SystemExit(REFUSAL.format(what="no torch"))
+    if any(part in torch.__file__ for part in ("pip-build-env-", "build-env-")):
+        raise SystemExit(REFUSAL.format(what=f"its own torch {torch.__version__} ({os.path.dirname(torch.__file__)})"))
 
 
 def _extensions():
     try:
         import torch
         from torch.utils import cpp_extension
-    except ImportError:  # metadata-only operations (sdist, egg_info) without torch
+    except ImportError:  # metadata-only operations (sdist, egg_info) without torch; a build is refused
+        _check_build_torch(None, BUILD_ARGV)
         return [], {}
+    _check_build_torch(torch, BUILD_ARGV)
 
-    # -fopenmp: at::parallel_for is header code and only runs in parallel when compiled with OpenMP (the runtime is
-    # the libgomp that torch already loads). -ffp-contract=off / no fast-math: IEEE fp32 like the reference.
-    cxx = ["-O3", "-g0", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno", "-Wno-psabi",
-           "-fopenmp"]
-    sources = ["python/bindings.cpp", "csrc/cpu/verify.cpp", "csrc/cpu/verify_tree.cpp", "csrc/cpu/tree_candidates.cpp"]
-    include_dirs = [os.path.join(ROOT, "csrc")]
-    if _cuda_wanted(torch, cpp_extension.CUDA_HOME):
+    info = flags.build_info(torch)
+    generated = flags.write_build_info_header(
+        os.path.join(ROOT, "build", "generated", hashlib.sha256(flags.build_info_text(info).encode()).hexdigest()[:16]),
+        info)
+    include_dirs = [os.path.join(ROOT, d) for d in flags.INCLUDE_DIRS] + [generated]
+    cxx, link = list(flags.CXX_FLAGS), list(flags.LINK_FLAGS)
+    if flags.cuda_wanted(torch, cpp_extension.CUDA_HOME):
         if "TORCH_CUDA_ARCH_LIST" not in os.environ:
-            os.environ["TORCH_CUDA_ARCH_LIST"] = os.environ.get("CSD_KERNELS_CUDA_ARCH", "8.0;9.0")
+            os.environ["TORCH_CUDA_ARCH_LIST"] = os.environ.get("CSD_KERNELS_CUDA_ARCH", flags.DEFAULT_CUDA_ARCH)
         ext = cpp_extension.CUDAExtension(
-            "csd_kernels._C",
-            sources + ["csrc/cuda/verify.cu", "csrc/cuda/verify_split.cu", "csrc/cuda/verify_glue.cpp",
-                       "csrc/cuda/verify_tree.cu", "csrc/cuda/tree_glue.cpp"],
-            include_dirs=include_dirs,
-            define_macros=[("CSD_WITH_CUDA", None)],
-            extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "--fmad=false", "-std=c++17", "-lineinfo"]},
-            extra_link_args=["-fopenmp"],
+            "csd_kernels._C", flags.sources(with_cuda=True), include_dirs=include_dirs,
+            define_macros=[(flags.CUDA_MACRO, None)],
+            extra_compile_args={"cxx": cxx, "nvcc": list(flags.NVCC_FLAGS)}, extra_link_args=link,
         )
     else:
         ext = cpp_extension.CppExtension(
-            "csd_kernels._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": cxx},
-            extra_link_args=["-fopenmp"],
+            "csd_kernels._C", flags.sources(with_cuda=False), include_dirs=include_dirs,
+            extra_compile_args={"cxx": cxx}, extra_link_args=link,
         )
     return [ext], {"build_ext": _reusing_build_ext(cpp_extension.BuildExtension.with_options(use_ninja=True),
-                                                   torch_build_id(torch))}
+                                                   torch_build_id(torch)),
+                   "build_py": _build_py_with_sources()}
+
+
+def _build_py_with_sources():
+    from setuptools.command.build_py import build_py
+
+    class BuildPyWithSources(build_py):
+        """Ships the extension's sources as csd_kernels/_csrc/ (their own layout), for the just-in-time build
+        (CSD_KERNELS_JIT=1) of an installed package run on another torch."""
+
+        def run(self):
+            super().run()
+            if self.editable_mode:  # an editable install compiles from the repository itself
+                return
+            for top in flags.SOURCE_DIRS:
+                self.copy_tree(os.path.join(ROOT, top), os.path.join(self.build_lib, "csd_kernels", "_csrc", top))
+
+    return BuildPyWithSources
 
 
 def torch_build_id(torch):
@@ -186,7 +221,7 @@ if __name__ == "__main__":  # as pip and `python setup.py` run it; tests/test_pa
         include_package_data=False,
         python_requires=">=3.9",
         # the kernels need torch and numpy only; the model adapters, the csd command and the tests are extras
-        install_requires=["torch>=2.4", "numpy"],
+        install_requires=["torch>=2.11", "numpy"],  # the oldest torch built and tested (docs/development.md#the-build)
         extras_require={
             "models": MODELS,
             "cli": CLI,

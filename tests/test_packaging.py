@@ -91,14 +91,18 @@ def _warnings(output: str) -> list:
 
 
 def test_the_stamp_follows_every_build_input(tmp_path):
-    """Any change to csrc/, python/, setup.py or the torch changes the hash; the same tree elsewhere does not."""
+    """Any change to csrc/, python/, setup.py, the flags or the torch changes the hash; the same tree elsewhere does
+    not."""
     tree = tmp_path / "tree"
     shutil.copytree(REPO / "csrc", tree / "csrc")
     shutil.copytree(REPO / "python", tree / "python")
     shutil.copy(REPO / "setup.py", tree / "setup.py")
+    (tree / "csd_kernels" / "backends").mkdir(parents=True)
+    flags_file = pathlib.Path("csd_kernels", "backends", "build_flags.py")
+    shutil.copy(REPO / flags_file, tree / flags_file)
     hashes = [_source_hash(tree)]
     assert hashes[0] == _source_hash(REPO)
-    for path in ("csrc/cpu/verify.cpp", "python/bindings.cpp", "setup.py"):
+    for path in ("csrc/cpu/verify.cpp", "python/bindings.cpp", "setup.py", "csd_kernels/backends/build_flags.py"):
         with open(tree / path, "a") as f:
             f.write("\n")
         hashes.append(_source_hash(tree))
@@ -143,6 +147,8 @@ def test_a_wheel_reuses_the_current_extension_ships_the_weights_and_warns_nothin
     assert {"csd_kernels/zoo/digits/weights/model.safetensors", "csd_kernels/zoo/digits/README.md"} <= data
     assert data <= names
     assert "csd_kernels/_C.stamp" not in names
+    # the sources of the just-in-time build (CSD_KERNELS_JIT=1), in their own layout
+    assert {"csd_kernels/_csrc/python/bindings.cpp", "csd_kernels/_csrc/csrc/cpu/verify.cpp"} <= names
     # transformers' generate(custom_generate=...) folder, and the engines' plugin entry points (docs/drop-in.md)
     assert "csd_kernels/integrations/custom_generate_repo/custom_generate/generate.py" in names
     assert "[vllm.general_plugins]\ncsd_kernels = csd_kernels.integrations.vllm:register" in entry_points

@@ -6,23 +6,62 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
+import warnings
 from typing import Optional
 
 import torch
 
+from . import build_flags as flags
+from . import jit
 from .spec import TREE_ARGS, TreeArgs, VerifyArgs, compiled_names
 
-__all__ = ["compiled_extension", "load_error", "has_tree", "verify_rows", "verify_tree_rows", "random_draft_tokens",
-           "tree_candidates"]
+__all__ = ["compiled_extension", "load_error", "BuildMismatchWarning", "mismatch_message", "has_tree", "verify_rows",
+           "verify_tree_rows", "random_draft_tokens", "tree_candidates"]
 
 
 @functools.lru_cache(maxsize=None)
 def _load():
     """csd_kernels._C, or the exception raised while importing it (cached: the import is not retried)."""
     try:
-        return importlib.import_module("csd_kernels._C")
+        return _import_for_running_torch()
     except Exception as exc:  # noqa: BLE001 - any import failure means "not available", with the reason kept
         return exc
+
+
+class BuildMismatchWarning(UserWarning):
+    """csd_kernels._C was built for another torch (or C++ ABI) than the running one."""
+
+
+def _import_for_running_torch():
+    """csd_kernels._C when it was built for the running torch; else the JIT build (CSD_KERNELS_JIT=1) or, after one
+    warning line, ImportError (the ops then use the Triton / torch backends). The record is read from the file
+    before importing: a _C made for another torch can fail or crash while it loads."""
+    spec = importlib.util.find_spec("csd_kernels._C")
+    running = flags.build_info(torch)
+    if spec is None:
+        if jit.enabled():
+            return jit.build(torch)
+        raise ImportError("csd_kernels._C is not built")
+    built = flags.read_build_info(spec.origin) or {}
+    if all(str(built.get(key)) == str(value) for key, value in running.items()):
+        return importlib.import_module("csd_kernels._C")
+    if jit.enabled():
+        return jit.build(torch)
+    message = mismatch_message(built, running)
+    warnings.warn(message, BuildMismatchWarning, stacklevel=2)
+    raise ImportError(message)
+
+
+def mismatch_message(built: dict, running: dict) -> str:
+    def describe(info):
+        if "torch" not in info:
+            return "an unrecorded torch (a build older than the record)"
+        return f"torch {info['torch']} (C++11 ABI {info.get('cxx11_abi')})"
+
+    return (f"csd_kernels._C was built for {describe(built)}, running {describe(running)}: using the Triton / torch "
+            f"backends; rebuild with `pip install --no-build-isolation .` in this environment, or set {jit.ENV}=1 "
+            f"to compile it for this torch")
 
 
 def compiled_extension():
