@@ -31,8 +31,8 @@ from ..ops.drafts import random_draft_tokens
 from ..ops.verify import verify as verify_op
 from .state import State
 
-__all__ = ["SAMPLING", "Settings", "Window", "Drafted", "Verified", "window", "draft", "informed_slots", "uniform_probs", "draft_probs",
-           "forward", "verify", "check_status", "commit", "sampling_kwargs"]
+__all__ = ["SAMPLING", "Settings", "Window", "Drafted", "Verified", "window", "draft", "informed_slots",
+           "uniform_probs", "draft_probs", "forward", "verify", "check_status", "commit", "sampling_kwargs"]
 
 
 SAMPLING = ("cfg_scale", "temperature", "top_k", "top_p", "min_p")  # the target distribution's settings

@@ -82,7 +82,8 @@ def check_informed(informed, shape: tuple, device: torch.device, where: str = "[
         return None
     if not isinstance(informed, torch.Tensor) or informed.dtype != torch.bool:
         got = getattr(informed, "dtype", type(informed).__name__)
-        raise ValueError(f"informed must be a bool tensor {where} (False: a draft drawn without information), got {got}")
+        raise ValueError(f"informed must be a bool tensor {where} (False: a draft drawn without information), "
+                         f"got {got}")
     if tuple(informed.shape) != tuple(shape):
         raise ValueError(f"informed must have shape {where} = {tuple(shape)}, got {tuple(informed.shape)}")
     check_device("informed", informed, device)
