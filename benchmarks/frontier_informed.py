@@ -8,6 +8,8 @@ draft is verified by the strict test under every rule; docs/op.md) — `csd swee
     python benchmarks/frontier_informed.py --model digits --per-class 2 --out docs/img/informed_digits_after
     python benchmarks/frontier_informed.py --model scenes --images 16 --out docs/img/informed_scenes_after
 
+(the "before" runs: the same commands in a checkout of c3a7874; docs/measurements.md has both tables)
+
 Writes PREFIX.json / .csv / .png (frontier.save) and prints the table.
 """
 import argparse
