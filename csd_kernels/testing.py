@@ -122,7 +122,8 @@ def backend_args(case: dict, *, cfg_scale: float = 1.0, temperature: float = 1.0
                  top_p: Optional[float] = None, min_p: Optional[float] = None, rule: str = "csd",
                  neighbours: Optional[torch.Tensor] = None, gather_distortion: bool = False,
                  coupling: str = "independent", return_probs: bool = True, target_is_probs: bool = False,
-                 words: Optional[tuple] = None, **rule_params) -> VerifyArgs:
+                 words: Optional[tuple] = None, informed: Optional[torch.Tensor] = None,
+                 **rule_params) -> VerifyArgs:
     """The backend functions' argument tuple (backends/spec.py) of a case and verify() options, as ops.verify builds
     it (the rule checked by the table); ``words``: (seed, offset) in place of the case's tensors."""
     vocab = case["target_logits"].shape[-1]
@@ -134,7 +135,7 @@ def backend_args(case: dict, *, cfg_scale: float = 1.0, temperature: float = 1.0
                       top_p=1.0 if top_p is None else top_p, min_p=min_p or 0.0, target_is_probs=target_is_probs,
                       rule=rule_args.code, rule_params=rule_args.params, gather_distortion=gather_distortion,
                       start=case["start"], coupling=ref.COUPLINGS.index(coupling), positions=case["positions"],
-                      seed=seed, offset=offset, return_probs=return_probs)
+                      seed=seed, offset=offset, return_probs=return_probs, informed=informed)
 
 
 def compare(got: ref.VerifyResult, expected: ref.VerifyResult, *, exact: bool = True, rtol: float = 1e-4,

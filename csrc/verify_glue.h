@@ -83,7 +83,7 @@ inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::
                                      bool target_is_probs, int64_t rule, c10::ArrayRef<double> rule_params,
                                      bool gather_distortion, const at::Tensor& start, int64_t coupling,
                                      const at::Tensor& positions, const at::Tensor& seed, const at::Tensor& offset,
-                                     at::Device device) {
+                                     const std::optional<at::Tensor>& informed, at::Device device) {
   const char* op = "csd_kernels.verify_rows: ";
   TORCH_CHECK(target_logits.dim() == 3, op, "target_logits must be [B, L, V], got ", target_logits.sizes());
   CheckedArgs a;
@@ -133,6 +133,13 @@ inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::
   on_device(offset, "offset");
   TORCH_CHECK(offset.scalar_type() == at::kLong && (offset.numel() == 1 || offset.numel() == a.B), op,
               "offset must be int64 [1] or [B], got ", offset.scalar_type(), " ", offset.sizes());
+  if (informed.has_value()) {
+    on_device(*informed, "informed");
+    TORCH_CHECK(informed->scalar_type() == at::kBool && informed->dim() == 2 && informed->size(0) == a.B &&
+                    informed->size(1) == a.L,
+                op, "informed must be bool [B, L] = [", a.B, ", ", a.L, "], got ", informed->scalar_type(), " ",
+                informed->sizes());
+  }
   TORCH_CHECK(coupling >= 0 && coupling <= 2, op,
               "coupling must be 0 (independent), 1 (maximal) or 2 (gumbel), got ", coupling);
   TORCH_CHECK(temperature >= 0.0, op, "temperature must be >= 0, got ", temperature);
@@ -194,7 +201,7 @@ inline PreparedCall prepare_call(const CheckedArgs& a, const at::Tensor& target_
                                  const at::Tensor& draft_tokens, const std::optional<at::Tensor>& draft_probs,
                                  const std::optional<at::Tensor>& uncond_logits, const at::Tensor& start,
                                  const at::Tensor& positions, const at::Tensor& seed, const at::Tensor& offset,
-                                 bool return_probs) {
+                                 bool return_probs, const std::optional<at::Tensor>& informed) {
   const at::TensorOptions base = target_logits.options();
   PreparedCall c;
   c.out = allocate_outputs(a, return_probs, base);
@@ -237,6 +244,9 @@ inline PreparedCall prepare_call(const CheckedArgs& a, const at::Tensor& target_
   P.status = c.out.status.data_ptr<int32_t>();
   P.split_block = 0;
   P.workspace = nullptr;
+  P.informed = informed.has_value() ? reinterpret_cast<const uint8_t*>(informed->data_ptr<bool>()) : nullptr;
+  P.inf_sB = informed.has_value() ? informed->stride(0) : 0;
+  P.inf_sL = informed.has_value() ? informed->stride(1) : 0;
   return c;
 }
 
@@ -253,7 +263,7 @@ namespace csd {
                     int64_t top_k, double top_p, double min_p, bool target_is_probs, int64_t rule,               \
                     c10::ArrayRef<double> rule_params, bool gather_distortion, const at::Tensor& start,          \
                     int64_t coupling, const at::Tensor& positions, const at::Tensor& seed,                       \
-                    const at::Tensor& offset, bool return_probs)
+                    const at::Tensor& offset, bool return_probs, const std::optional<at::Tensor>& informed)
 
 CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cpu);
 #ifdef CSD_WITH_CUDA

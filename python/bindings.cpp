@@ -180,7 +180,7 @@ TORCH_LIBRARY(csd_kernels, m) {
       "verify_rows(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, Tensor? uncond_logits, "
       "Tensor? neighbours, float cfg_scale, float temperature, int top_k, float top_p, float min_p, "
       "bool target_is_probs, int rule, float[] rule_params, bool gather_distortion, Tensor start, int coupling, "
-      "Tensor positions, Tensor seed, Tensor offset, bool return_probs) "
+      "Tensor positions, Tensor seed, Tensor offset, bool return_probs, Tensor? informed) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "verify_tree_rows(Tensor target_logits, Tensor? uncond_logits, Tensor node_tokens, Tensor draft_probs, "

@@ -351,3 +351,71 @@ def test_many_random_rows_tolerate_rare_ties(backend):
 def test_rule_label_formats_its_parameters():
     assert rule_named("csd").label.format(**ref.rule_parameters("csd", {})) == "csd λ=0.5 τ=0.65"
     assert rule_named("lantern").label.format(**ref.rule_parameters("lantern", {})) == "lantern δ=0.1 k=1000"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# informed: a draft drawn without information is decided by the strict test under every rule (docs/op.md)
+# ----------------------------------------------------------------------------------------------------------------------
+def _informed_case(rule: str, case_kw: dict, op_kw: dict) -> tuple:
+    if rule == "gsd" and op_kw.get("coupling") == "maximal":
+        op_kw = dict(op_kw, coupling="independent")
+    case = testing.make_case(3, 16, 1000, cfg=True, favourite=0.4, seed=len(rule), **case_kw)
+    return case, dict(cfg_scale=1.5, gather_distortion=True, neighbours=_neighbours(1000, 24, 3), validate=False,
+                      **op_kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rule", RELAXED)
+@pytest.mark.parametrize("case_kw, op_kw", CASES)
+def test_uninformed_slots_are_decided_strictly(backend, rule, case_kw, op_kw):
+    """informed all False: every output equals the strict rule's bit for bit (distortion 0); all True: None's."""
+    case, options = _informed_case(rule, case_kw, op_kw)
+    shape = case["draft_tokens"].shape
+    strict = ck.verify(**case, rule="strict", backend=backend, **options)
+    none = ck.verify(**case, rule=rule, backend=backend, **options)
+    for mask, expected in ((torch.zeros(shape, dtype=torch.bool), strict), (torch.ones(shape, dtype=torch.bool), none)):
+        got = ck.verify(**case, rule=rule, informed=mask, backend=backend, **options)
+        for field in ("accept_len", "tokens", "probs", "entropy", "tvd", "accept_prob", "distortion", "status"):
+            assert torch.equal(getattr(got, field), getattr(expected, field)), field
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rule", RELAXED)
+@pytest.mark.parametrize("case_kw, op_kw", CASES)
+def test_a_mixed_informed_mask_equals_the_reference(backend, rule, case_kw, op_kw):
+    """Slot by slot: the rule where informed, strict where not (the reference decides both in one call)."""
+    case, options = _informed_case(rule, case_kw, op_kw)
+    mask = torch.rand(case["draft_tokens"].shape, generator=torch.Generator().manual_seed(7)) < 0.5
+    got = ck.verify(**case, rule=rule, informed=mask, backend=backend, **options)
+    del options["validate"]
+    expected = testing.reference_result(case, rule=rule, informed=mask, **options)
+    testing.compare(got, expected)
+    assert (got.distortion[~mask] == 0).all()
+
+
+def test_with_uniform_q_only_informed_guards_lantern():
+    """The fault of issue 45: with q = 1/V, lantern's (p + c_m)/q accepts a draft whose neighbours hold more than
+    1/V; informed=False gives back min(1, V·p(x))."""
+    vocab = 64
+    p = torch.softmax(torch.randn(vocab, generator=torch.Generator().manual_seed(3)) * 2, -1)
+    nb = _neighbours(vocab, 16, 1)
+    drafts = torch.arange(vocab)[:, None]  # every token once
+    q = torch.full((vocab, 1, vocab), 1.0 / vocab)
+    logits = torch.log(p).expand(vocab, 1, vocab)
+    relaxed, guarded = (ck.verify(logits, drafts, q, rule="lantern", neighbours=nb, lantern_delta=0.1, informed=mask,
+                                  gather_distortion=True, backend="torch")
+                        for mask in (None, torch.zeros(vocab, 1, dtype=bool)))
+    assert (relaxed.accept_prob[:, 0] == 1).float().mean() > 0.8  # 0.81 here, against 0.12 strictly
+    assert relaxed.distortion.mean() > 0.5 and (guarded.distortion == 0).all()
+    torch.testing.assert_close(guarded.accept_prob[:, 0], (vocab * p).clamp(max=1), rtol=1e-6, atol=0)
+
+
+def test_informed_is_checked():
+    logits, drafts = torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.int64)
+    for bad, words in ((torch.ones(2, 3), "informed must be a bool tensor [B, L]"),
+                       (torch.ones(3, 2, dtype=torch.bool), "informed must have shape [B, L] = (2, 3), got (3, 2)"),
+                       ([True], "informed must be a bool tensor")):
+        with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+            ck.verify(logits, drafts, informed=bad, backend="torch")
+    with pytest.raises(ValueError, match="informed is on meta but target_logits is on cpu"):
+        ck.verify(logits, drafts, informed=torch.ones(2, 3, dtype=torch.bool, device="meta"), backend="torch")

@@ -155,7 +155,7 @@ def forced_plan(path, V):
 
 
 def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, rule="csd", coupling=0, return_probs=True, path=None,
-             words=None, neighbours=None, gather_distortion=False, **rule_params):
+             words=None, neighbours=None, gather_distortion=False, informed=None, **rule_params):
     """(verify_triton's result, reference.verify's result) as VerifyResults. ``words``: (seed, offset) as ints for
     verify_triton in place of the case's tensors (what an eager call with ints hands it). Rule parameters: the
     table's defaults but csd's λ 0.4 (rule_params: by name)."""
@@ -165,7 +165,8 @@ def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, rule="csd", coupl
                    coupling=ref.COUPLINGS[coupling], return_probs=return_probs, gather_distortion=gather_distortion,
                    **rule_params)
     nb = None if neighbours is None else neighbours.to(DEVICE)
-    args = testing.backend_args(dev, neighbours=nb, words=words, **options)
+    args = testing.backend_args(dev, neighbours=nb, words=words, informed=None if informed is None else informed.to(
+        DEVICE), **options)
     if path is None:
         got = tv.verify_triton(args)
     else:
@@ -175,7 +176,7 @@ def run_both(case, *, cfg_scale=1.7, temperature=0.9, top_k=0, rule="csd", coupl
             got = tv.verify_triton(args)
     got = ref.VerifyResult(*[t.cpu() for t in got])
     got.probs = got.probs if return_probs else None
-    expected = testing.reference_result(case, neighbours=neighbours, **options)
+    expected = testing.reference_result(case, neighbours=neighbours, informed=informed, **options)
     return got, expected
 
 
@@ -350,6 +351,28 @@ def test_every_rule_matches_reference(rule, case_kw, op_kw, path):
     assert torch.isfinite(got.distortion).all()
     if case_kw.get("q") is not None:  # one-hot drafts under top-k 20 of 100 mostly fall outside p's support (a = 0)
         assert (got.distortion > 0).any()  # the comparison has teeth
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("rule", ["csd", "gsd", "arsample", "lantern", "lantern++"])
+@pytest.mark.parametrize("gather_distortion", [True, False])
+def test_uninformed_slots_are_decided_strictly(rule, path, gather_distortion):
+    """informed (issue 45): a mixed mask on each path equals the reference (the rule where informed, strict where
+    not); all False equals the strict rule bit for bit. gsd without its distortion: the first-stop launch too."""
+    if rule == "gsd" and path != "register":
+        pytest.skip("gsd runs on the register path")
+    V = 100
+    case = make_case(3, 6, V, q="jacobi", gen_seed=4)
+    neighbours = ref.codebook_neighbours(torch.randn(V, 3, generator=torch.Generator().manual_seed(1)), 12)
+    mask = torch.rand(3, 6, generator=torch.Generator().manual_seed(2)) < 0.5
+    options = dict(path=path, rule=rule, neighbours=neighbours, gather_distortion=gather_distortion, tvd_threshold=1.0)
+    got, expected = run_both(case, informed=mask, **options)
+    check(got, expected, V)
+    assert (got.distortion[~mask] == 0).all()
+    none_informed, _ = run_both(case, informed=torch.zeros(3, 6, dtype=torch.bool), **options)
+    strict, _ = run_both(case, **dict(options, rule="strict"))
+    for field in ("accept_len", "tokens", "accept_prob", "distortion"):
+        assert torch.equal(getattr(none_informed, field), getattr(strict, field)), field
 
 
 GSD_POINTS = [  # (group_rank k, δ, case kwargs): k beyond V, δ = 0, a window over the whole row, tied p, one-hot q

@@ -29,7 +29,7 @@ VERIFY_ARGS = (
     Arg("target_logits", "Tensor"), Arg("draft_tokens", "Tensor"), Arg("draft_probs", "Tensor?"),
     Arg("uncond_logits", "Tensor?"), Arg("neighbours", "Tensor?"), *_TARGET, Arg("target_is_probs", "bool"), *_RULE,
     Arg("start", "Tensor"), Arg("coupling", "int"), Arg("positions", "Tensor"), Arg("seed", "Tensor"),
-    Arg("offset", "Tensor"), Arg("return_probs", "bool"),
+    Arg("offset", "Tensor"), Arg("return_probs", "bool"), Arg("informed", "Tensor?"),
 )
 TREE_ARGS = (
     Arg("target_logits", "Tensor"), Arg("uncond_logits", "Tensor?"), Arg("node_tokens", "Tensor"),

@@ -31,8 +31,8 @@ from ..ops.drafts import random_draft_tokens
 from ..ops.verify import verify as verify_op
 from .state import State
 
-__all__ = ["SAMPLING", "Settings", "Window", "Drafted", "Verified", "window", "draft", "uniform_probs", "draft_probs",
-           "forward", "verify", "check_status", "commit", "sampling_kwargs"]
+__all__ = ["SAMPLING", "Settings", "Window", "Drafted", "Verified", "window", "draft", "informed_slots",
+           "uniform_probs", "draft_probs", "forward", "verify", "check_status", "commit", "sampling_kwargs"]
 
 
 SAMPLING = ("cfg_scale", "temperature", "top_k", "top_p", "min_p")  # the target distribution's settings
@@ -135,6 +135,14 @@ def draft(state: State, win: Window, run: Settings) -> Drafted:
     return Drafted(tokens, current, fresh_tokens, above)
 
 
+def informed_slots(win: Window, drafted: Drafted) -> torch.Tensor:
+    """[B, L] bool: the slot's draft carries information — every slot but a fresh one drafted uniformly (a token
+    from the row above is a deterministic drafter's guess, its q one-hot). verify's ``informed``: a relaxed rule
+    was defined for a drafter's q, and with q = 1/V it accepts noise (docs/op.md#uninformed-drafts)."""
+    uniform = win.fresh if drafted.above is None else win.fresh & ~drafted.above
+    return ~uniform
+
+
 def uniform_probs(batch: int, length: int, vocab: int, device) -> torch.Tensor:
     """[B, L, V] 1/V everywhere, a stride-0 view."""
     return torch.full((1, 1, 1), 1.0 / vocab, device=device).expand(batch, length, vocab)
@@ -201,7 +209,8 @@ def _window_kwargs(run: Settings, uncond, state: State, win: Window) -> dict:
 def _speculative(cond, uncond, q, run: Settings, state: State, win: Window, drafted: Drafted) -> Verified:
     """ar and every speculative mode: one verify call with the mode's acceptance rule (config/modes.py)."""
     res = verify_op(cond, drafted.tokens, q, **_window_kwargs(run, uncond, state, win), **run.rule,
-                    coupling=run.coupling, return_probs=run.need_q, backend=run.backend, validate=False)
+                    coupling=run.coupling, return_probs=run.need_q, informed=informed_slots(win, drafted),
+                    backend=run.backend, validate=False)
     return Verified.chain(res, res.accept_len, res.accept_prob, res.distortion)
 
 

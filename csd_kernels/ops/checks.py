@@ -13,7 +13,7 @@ from ..config.acceptance import MAX_PARAMS, PARAMS, param_values, rule_named
 from ..config.rules import real_rule
 
 __all__ = ["FLOAT_DTYPES", "SeedLike", "check_real", "philox_word", "word_tensor", "check_logits", "check_device",
-           "check_nucleus", "check_scalars", "check_rule", "rule_keywords", "CheckedRule", "Options",
+           "check_nucleus", "check_scalars", "check_informed", "check_rule", "rule_keywords", "CheckedRule", "Options",
            "check_options"]
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the logits the ops take
@@ -73,6 +73,21 @@ def check_logits(name: str, tensor, shape=None, dtypes=FLOAT_DTYPES) -> torch.Te
 def check_device(name: str, tensor: Optional[torch.Tensor], device: torch.device) -> None:
     if tensor is not None and tensor.device != device:
         raise ValueError(f"{name} is on {tensor.device} but target_logits is on {device}")
+
+
+def check_informed(informed, shape: tuple, device: torch.device, where: str = "[B, L]") -> Optional[torch.Tensor]:
+    """``informed`` (None, or a bool tensor of ``shape`` on ``device``: False where a slot's draft was drawn without
+    information), checked."""
+    if informed is None:
+        return None
+    if not isinstance(informed, torch.Tensor) or informed.dtype != torch.bool:
+        got = getattr(informed, "dtype", type(informed).__name__)
+        raise ValueError(f"informed must be a bool tensor {where} (False: a draft drawn without information), "
+                         f"got {got}")
+    if tuple(informed.shape) != tuple(shape):
+        raise ValueError(f"informed must have shape {where} = {tuple(shape)}, got {tuple(informed.shape)}")
+    check_device("informed", informed, device)
+    return informed
 
 
 def check_nucleus(top_p, min_p) -> tuple[float, float]:

@@ -17,7 +17,7 @@ from ..backends.compiled import compiled_extension, verify_rows
 from ..backends.spec import VERIFY_ARGS, VERIFY_RETURNS, Arg, VerifyArgs, schema
 from ..config.acceptance import params_by_name
 from ..constants import SEED_LIMIT
-from .checks import SeedLike, check_device, check_logits, check_options, philox_word, word_tensor
+from .checks import SeedLike, check_device, check_informed, check_logits, check_options, philox_word, word_tensor
 from .registry import select_backend
 
 __all__ = ["VerifyResult", "VerifyArgs", "verify"]
@@ -38,7 +38,7 @@ def _torch_backend(a: VerifyArgs) -> tuple:
         temperature=a.temperature, top_k=a.top_k or None, top_p=a.top_p if a.top_p < 1.0 else None,
         min_p=a.min_p or None, rule=ref.RULES[a.rule], neighbours=a.neighbours, gather_distortion=a.gather_distortion,
         start=a.start, coupling=ref.COUPLINGS[a.coupling], positions=a.positions, seed=a.seed, offset=a.offset,
-        return_probs=a.return_probs, **params_by_name(a.rule, a.rule_params),
+        return_probs=a.return_probs, informed=a.informed, **params_by_name(a.rule, a.rule_params),
     )
     probs = out.probs if a.return_probs else a.target_logits.new_empty((0,), dtype=torch.float32)
     return out.accept_len, out.tokens, probs, out.entropy, out.tvd, out.accept_prob, out.distortion, out.status
@@ -168,6 +168,7 @@ def verify(
     seed: SeedLike = 0,
     offset: SeedLike = 0,
     return_probs: bool = True,
+    informed: Optional[torch.Tensor] = None,
     backend: Optional[str] = None,
     validate: bool = True,
     **rule_params,
@@ -186,6 +187,9 @@ def verify(
     coupling: how the positions after accept_len get their next draft: "independent" (a fresh draw from p),
     "maximal" (the draft kept with probability min(1, p/q), else the residual draw; not with gsd, whose residual is
     not the strict one) or "gumbel" (argmax z + G).
+    informed: [B, L] bool, False where the slot's draft was drawn without information (a uniform fresh draft): every
+    rule decides such a slot by the strict test a = min(1, p/q) (distortion 0, the strict residual), since each
+    relaxed rule was defined for a drafter's q (docs/op.md#uninformed-drafts); None: every slot informed.
     (``mode=`` and ``next_drafts=`` are deprecated names of ``rule=`` and ``coupling=``.)
     A −inf logit (in target_logits or uncond_logits) masks its token: p = 0 there, and a masked draft is rejected.
     top_k / top_p / min_p restrict p (in that order; ties at a threshold are kept), see docs/op-semantics.md.
@@ -218,6 +222,7 @@ def verify(
     o = check_options("verify", has_uncond=uncond_logits is not None, cfg_scale=cfg_scale, temperature=temperature,
                       top_k=top_k, top_p=top_p, min_p=min_p, coupling=coupling, rule=rule, rule_params=rule_params,
                       neighbours=neighbours, vocab=vocab, device=device)
+    informed = check_informed(informed, (batch, length), device)
     start = _index_tensor("start", start, batch, device, high=length)
     positions = _index_tensor("positions", positions, batch, device)
     seed = philox_word("seed", seed, device, allow_per_row=batch, limit=SEED_LIMIT)
@@ -231,7 +236,7 @@ def verify(
                       temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
                       target_is_probs=target_is_probs, rule=o.rule.code, rule_params=o.rule.params,
                       gather_distortion=bool(gather_distortion), start=start, coupling=o.coupling,
-                      positions=positions, seed=seed, offset=offset, return_probs=return_probs)
+                      positions=positions, seed=seed, offset=offset, return_probs=return_probs, informed=informed)
     if compiling:
         outputs = torch.ops.csd_kernels.verify(*args, chosen)  # the registered op: traced through its fake
     else:  # eager: the same implementation without the dispatcher's per-call cost

@@ -116,6 +116,7 @@ def verify(
     return_probs: bool = True,
     compute_dtype: torch.dtype = torch.float32,
     uniforms: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    informed: Optional[torch.Tensor] = None,
     **rule_params,
 ) -> VerifyResult:
     """The reference verification step on already-validated arguments (see csd_kernels.verify for the API).
@@ -123,6 +124,9 @@ def verify(
     ``rule`` and its parameters (``rule_params``, by name; config/acceptance.py): reference.rules defines them.
     ``uniforms`` = (u_accept, u_sample), each [B, L], replaces the Philox step stream (tests use it to fix u).
     ``target_probs`` replaces target_logits (then no CFG, temperature 1 and no top-k / top-p / min-p).
+    ``informed`` [B, L] bool (None: every slot): False where the slot's draft carries no information (a uniform fresh
+    draft); such a slot is decided by the strict rule whatever ``rule`` is (a = min(1, p/q), distortion 0, the strict
+    residual): a relaxed rule relaxes only a drafter's guess (docs/op.md#uninformed-drafts).
     Shape: target_logits or target_probs [B, L, V], draft_tokens [B, L], draft_probs [B, L, V] or None,
     neighbours [V, k] int64 or None, start/positions [B], seed [1] or [B], offset [1] or [B] (per-row step-stream
     offsets).
@@ -138,23 +142,34 @@ def verify(
     p, q, x = target.p, drafts.q, drafts.token
     tvd = total_variation(p, q)  # q is the zero vector where there is neither a draft nor draft_probs: TVD = ½
     acc = Acceptance(rule, p, q, support=target.support, h=target.h, tvd=tvd, neighbours=neighbours, **rule_params)
-    accept_prob = torch.where(drafts.has_draft, acc.at(x[..., None])[..., 0], torch.zeros_like(target.h))
+    strict = None if informed is None else Acceptance("strict", p, q, support=target.support)
+    a_x = _by_slot(informed, acc.at(x[..., None])[..., 0], lambda: strict.at(x[..., None])[..., 0])
+    accept_prob = torch.where(drafts.has_draft, a_x, torch.zeros_like(target.h))
     asked = gather_distortion or not acc.rule.distortion_gathers  # else NaN (its cost: the rule's table)
     q_times_a = acc.accepted_mass() if acc.rule.residual_qa or (asked and not acc.rule.lossless) else None
     distortion = acc.distortion(q_times_a) if asked else torch.full_like(target.h, float("nan"))
+    distortion = _by_slot(informed, distortion, lambda: torch.zeros_like(distortion))
     distortion = torch.where(drafts.has_draft, distortion, torch.zeros_like(distortion))
 
     u_accept, u_sample = step_uniforms(seed, offset, positions, length) if uniforms is None else (
         u.to(torch.float32) for u in uniforms)
     accepted = drafts.has_draft & (u_accept.to(compute_dtype) < accept_prob)
     accept_len, committed = accept_prefix(accepted, start, target.bad)
-    residual = acc.residual(q_times_a)
+    residual = _by_slot(informed, acc.residual(q_times_a), lambda: strict.residual(), per_token=True)
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
     from_p = inverse_cdf_sample(p, u_sample)
     resampled = torch.where(drafts.has_draft, inverse_cdf_sample(residual, u_sample), from_p)
     later = _next_drafts(coupling, target, drafts, resampled, from_p, u_accept, temperature, seed, positions,
                          compute_dtype)
     return assemble(target, drafts, accept_len, committed, resampled, later, tvd, accept_prob, distortion, return_probs)
+
+
+def _by_slot(informed: Optional[torch.Tensor], by_rule: torch.Tensor, by_strict, per_token: bool = False):
+    """``by_rule`` where the slot is informed, ``by_strict()`` (the strict rule's value) where it is not; [B, L] (or
+    [B, L, V] with ``per_token``)."""
+    if informed is None:
+        return by_rule
+    return torch.where(informed[..., None] if per_token else informed, by_rule, by_strict())
 
 
 def _next_drafts(coupling, target, drafts, resampled, from_p, u_accept, temperature, seed, positions,

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kRowThreads) verify_position_kernel(csd::Verif
   const int64_t item = blockIdx.x;
   const int64_t b = item / a.L, i = item % a.L;
   const int64_t V = a.prm.vocab;
-  const VerifyParams& prm = a.prm;
+  const VerifyParams prm = params_at(a, b, i);
 
   Row<T> row = make_row<T>(a, b, i);
 

@@ -14,10 +14,10 @@ CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cuda) {
   const CheckedArgs a = check_verify_args(target_logits, draft_tokens, draft_probs, uncond_logits, neighbours,
                                           cfg_scale, temperature, top_k, top_p, min_p, target_is_probs, rule,
                                           rule_params, gather_distortion, start, coupling, positions, seed, offset,
-                                          target_logits.device());
+                                          informed, target_logits.device());
   const c10::cuda::CUDAGuard guard(target_logits.device());
   PreparedCall call = prepare_call(a, target_logits, draft_tokens, draft_probs, uncond_logits, start, positions, seed,
-                                   offset, return_probs);
+                                   offset, return_probs, informed);
   call.problem.split_block = csd_verify_split_block(&call.problem);
   if (csd_verify_workspace_bytes(&call.problem) > 0) {  // the split path's, or gsd's per-position scratch
     call.workspace = at::empty({csd_verify_workspace_bytes(&call.problem)}, target_logits.options().dtype(at::kByte));

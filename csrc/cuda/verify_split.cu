@@ -265,7 +265,7 @@ template <typename T>
 __global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProblem a) {
   __shared__ Shared sh;
   const SplitBlock c = split_block_coords(a);
-  const VerifyParams& prm = a.prm;
+  const VerifyParams prm = params_at(a, c.b, c.i);
   const int64_t V = prm.vocab;
   Row<T> row = make_row<T>(a, c.b, c.i);
   const Combined st = combine_stats(a, c, row, sh);

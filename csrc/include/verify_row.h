@@ -223,6 +223,16 @@ struct VerifyProblem {
   int32_t *accept_len, *status;                     // [B]
   int64_t split_block;  // CUDA only: vocabulary slice per block of the split path, 0 = one block per position
   void* workspace;      // CUDA only: the split path's workspace (csd_verify_workspace_bytes), else nullptr
+  const uint8_t* informed;  // [B, L] bool (strides inf_sB, inf_sL) or nullptr: every slot informed
+  int64_t inf_sB, inf_sL;
 };
+
+// The parameters slot (b, i) is decided with: the call's, or the strict rule where the slot's draft was drawn
+// without information (reference.verify's ``informed``: a = min(1, p/q), distortion 0, the strict residual).
+CSD_HD VerifyParams params_at(const VerifyProblem& P, int64_t b, int64_t i) {
+  VerifyParams prm = P.prm;
+  if (P.informed != nullptr && P.informed[b * P.inf_sB + i * P.inf_sL] == 0) prm.rule = kRuleStrict;
+  return prm;
+}
 
 }  // namespace csd

@@ -149,18 +149,20 @@ def verify_triton(a: VerifyArgs, packed_outputs: bool = False):
         seed_value, offset_value = not isinstance(seed, torch.Tensor), not isinstance(offset, torch.Tensor)
         per_row_seed = not seed_value and seed.numel() != 1
         # tuples, named (_FLAG_NAMES, _NUCLEUS_NAMES) only when a key's launches are first prepared
+        informed = None if a.informed is None else a.informed.view(torch.uint8)  # a byte per slot
         flags = (a.uncond_logits is not None, has_q, greedy, int(a.rule), int(a.coupling), bool(a.return_probs),
-                 per_row_seed, seed_value, offset_value, bool(a.gather_distortion))
+                 per_row_seed, seed_value, offset_value, bool(a.gather_distortion), informed is not None)
         # top-k, top-p, min-p and target probabilities take the per-position paths
         nucleus = ((not greedy) and a.top_p < 1.0, (not greedy) and a.min_p > 0.0, bool(a.target_is_probs))
         whole_row = ((not greedy) and 0 < top_k < V) or True in nucleus or int(a.rule) == GSD_CODE
         key = _launch_key(a.target_logits, a.uncond_logits, a.draft_probs, a.draft_tokens, start, positions, seed,
-                          offset, a.neighbours, top_k, flags, nucleus)
+                          offset, a.neighbours, top_k, flags, nucleus, informed)
         work = _workspace(key, B, L, V, whole_row, device, int(a.rule) == GSD_CODE)
         nb = a.neighbours if a.neighbours is not None else start  # never read without a table
         args = _Args(
             a.target_logits, a.uncond_logits if a.uncond_logits is not None else a.target_logits,
             a.draft_probs if has_q else out["ent"], a.draft_tokens, start, positions, seed, offset,
+            informed if informed is not None else a.draft_tokens,  # never read without the mask
             q_strides=tuple(a.draft_probs.stride()) if has_q else (0, 0, 0),
             seed_stride=seed.stride(0) if per_row_seed else 0,
             offset_stride=offset.stride(0) if not offset_value and offset.numel() != 1 else 0,
@@ -201,12 +203,12 @@ def _allocate_outputs(B: int, L: int, V: int, device: torch.device, return_probs
 
 
 _FLAG_NAMES = ("HAS_UNCOND", "HAS_Q", "GREEDY", "RULE", "COUPLING", "RETURN_PROBS", "PER_ROW_SEED", "SEED_VALUE",
-               "OFFSET_VALUE", "GATHER_DIST")
+               "OFFSET_VALUE", "GATHER_DIST", "HAS_INFORMED")
 _NUCLEUS_NAMES = ("TOP_P", "MIN_P", "PROBS")
 
 
 def _launch_key(logits, uncond, q, drafts, start, positions, seed, offset, neighbours, top_k: int, flags: tuple,
-                nucleus: tuple) -> tuple:
+                nucleus: tuple, informed=None) -> tuple:
     """What the launches are specialized on (see launch.py), cheaply: the device, the float inputs' dtypes, the
     strides of every input, the 16-byte alignment of every input pointer, the integer top_k and the constexpr flags.
     Every other integer argument and every workspace pointer derives from these (ops.verify fixed the shapes of the
@@ -218,7 +220,7 @@ def _launch_key(logits, uncond, q, drafts, start, positions, seed, offset, neigh
             None if q is None else (q.stride(), q.data_ptr() & 15),
             drafts.dtype, drafts.stride(), start.stride(), positions.stride(), _word_key(seed), _word_key(offset),
             None if neighbours is None else (neighbours.stride(), neighbours.shape[1], neighbours.data_ptr() & 15),
-            aligned, top_k, flags, nucleus)
+            aligned, top_k, flags, nucleus, None if informed is None else (informed.stride(), informed.data_ptr() & 15))
 
 
 def _word_key(word) -> tuple:
@@ -293,6 +295,7 @@ class _Args:
     positions: torch.Tensor
     seed: torch.Tensor
     offset: torch.Tensor
+    informed: torch.Tensor  # [B, L] uint8 (any int tensor without the mask: never read)
     q_strides: tuple
     seed_stride: int
     offset_stride: int
@@ -314,10 +317,12 @@ class _Args:
                 self.drafts, self.drafts.stride(0), self.drafts.stride(1),
                 self.start, self.start.stride(0), self.positions, self.positions.stride(0),
                 self.seed, self.seed_stride, self.offset, self.offset_stride,
+                self.informed, *(self.informed.stride() if self.flags["HAS_INFORMED"] else (0, 0)),
             ]
         args = list(work.inputs)
         args[0], args[3], args[6], args[10] = self.logits, self.uncond, self.q, self.drafts
-        args[13], args[15], args[17], args[19] = self.start, self.positions, self.seed, self.offset
+        args[13], args[15], args[17], args[19], args[21] = (self.start, self.positions, self.seed, self.offset,
+                                                            self.informed)
         return args
 
 

@@ -292,7 +292,7 @@ def position_chunked_kernel(
     q_ptr, s_qb, s_ql, s_qv,
     draft_ptr, s_db, s_dl,
     start_ptr, s_start, positions_ptr, s_pos,
-    seed_ptr, seed_stride, offset_ptr, offset_stride,
+    seed_ptr, seed_stride, offset_ptr, offset_stride, inf_ptr, s_ib, s_il,
     probs_ptr, ent_ptr, tvd_ptr, acc_ptr, dist_ptr,
     res_ptr, later_ptr, flags_ptr,
     L, V, cfg_scale, inv_t, top_k, rule_p0, rule_p1, top_p, log_min_p,
@@ -302,6 +302,7 @@ def position_chunked_kernel(
     PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr,
     TOP_P: tl.constexpr = False, MIN_P: tl.constexpr = False, PROBS: tl.constexpr = False,
     SEED_VALUE: tl.constexpr = False, OFFSET_VALUE: tl.constexpr = False, GATHER_DIST: tl.constexpr = False,
+    HAS_INFORMED: tl.constexpr = False,
 ):
     """Grid (B·L,): one program per (row, window position), the row in BLOCK_V chunks. Parameters: common.py."""
     pid = tl.program_id(0).to(tl.int64)
@@ -340,6 +341,8 @@ def position_chunked_kernel(
                                       1.0 / z_sum, thr, 0.0, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, PROBS,
                                       RESTRICT, False)
     a, strict_a = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
+    informed = rules.slot_informed(inf_ptr, s_ib, s_il, b, i, HAS_INFORMED)
+    a = tl.where(informed, a, strict_a)
     accepted = has_draft & (u_acc < a)
 
     # residual draws use max(p − q, 0) unless it sums to 0, there is no draft, or q was flagged (then p)
@@ -352,7 +355,7 @@ def position_chunked_kernel(
         dist = tl.where(tvd < rule_p1, dist, 0.0)
     if rules.is_lantern(RULE) and not GATHER_DIST:
         dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
-    dist = tl.where(has_draft, dist, 0.0)
+    dist = tl.where(has_draft & informed, dist, 0.0)
 
     if COUPLING == INDEPENDENT:
         later = from_p

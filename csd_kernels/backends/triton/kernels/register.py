@@ -58,7 +58,7 @@ def position_kernel(
     q_ptr, s_qb, s_ql, s_qv,
     draft_ptr, s_db, s_dl,
     start_ptr, s_start, positions_ptr, s_pos,
-    seed_ptr, seed_stride, offset_ptr, offset_stride,
+    seed_ptr, seed_stride, offset_ptr, offset_stride, inf_ptr, s_ib, s_il,
     probs_ptr, ent_ptr, tvd_ptr, acc_ptr, dist_ptr,
     res_ptr, later_ptr, flags_ptr,
     L, V, cfg_scale, inv_t, top_k, rule_p0, rule_p1, top_p, log_min_p,
@@ -68,6 +68,7 @@ def position_kernel(
     PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr,
     TOP_P: tl.constexpr = False, MIN_P: tl.constexpr = False, PROBS: tl.constexpr = False,
     SEED_VALUE: tl.constexpr = False, OFFSET_VALUE: tl.constexpr = False, GATHER_DIST: tl.constexpr = False,
+    HAS_INFORMED: tl.constexpr = False,
     GSD_ROWS: tl.constexpr = False,
 ):
     """Grid (B·L,): one program per (row, window position), BLOCK_V >= V. Parameters: see common.py and rules.py
@@ -155,6 +156,8 @@ def position_kernel(
                                       thr_key, log_min_p, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, PROBS,
                                       RESTRICT, MIN_P)
     a, strict_a = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
+    informed = rules.slot_informed(inf_ptr, s_ib, s_il, b, i, HAS_INFORMED)
+    a = tl.where(informed, a, strict_a)
     dist = tl.zeros_like(h)
     if rules.has_token_terms(RULE):
         dist = tl.sum(rules.distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE), 0)
@@ -172,7 +175,7 @@ def position_kernel(
                                               GREEDY, PROBS, RESTRICT, MIN_P), 0)
         else:
             dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
-    dist = tl.where(has_draft, dist, 0.0)
+    dist = tl.where(has_draft & informed, dist, 0.0)
     pos, row_id, k0, k1, u_acc, u_smp = position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
                                                      offset_ptr + b * offset_stride, b, i, PER_ROW_SEED,
                                                      SEED_VALUE, OFFSET_VALUE)
@@ -182,7 +185,7 @@ def position_kernel(
     if RULE == rules.GSD and not GSD_SORTED:
         resampled = tl.zeros((), tl.int32)  # a placeholder: the GSD_ROWS launch draws the row's first stop's
     else:
-        r = rules.residual(p, q, qa, RULE)
+        r = tl.where(informed, rules.residual(p, q, qa, RULE), rules.residual(p, q, q, rules.STRICT))
         resampled = inverse_cdf(tl.where(has_draft & (tl.sum(r, 0) > 0), r, p), offs, mask, u_smp, V, BLOCK_V)
 
     # ---- the draw for positions after accept_len

@@ -57,6 +57,16 @@ def acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE: tl.constexpr):
 
 
 @triton.jit
+def slot_informed(inf_ptr, s_ib, s_il, b, i, HAS_INFORMED: tl.constexpr):
+    """The slot's draft carries information (ops.verify's ``informed``; always without the mask): where it does not,
+    every rule decides by the strict test, with distortion 0 and the strict residual (reference.verify)."""
+    informed = tl.full((), 1, tl.int1)
+    if HAS_INFORMED:
+        informed = tl.load(inf_ptr + b * s_ib + i * s_il) != 0
+    return informed
+
+
+@triton.jit
 def residual(p, q, qa, RULE: tl.constexpr):
     """The resampling weights: max(p − q·a, 0) for gsd (qa = q·a), max(p − q, 0) for every other rule."""
     if RULE == GSD:

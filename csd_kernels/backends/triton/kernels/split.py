@@ -208,7 +208,7 @@ def split_finish_kernel(
     q_ptr, s_qb, s_ql, s_qv,
     draft_ptr, s_db, s_dl,
     start_ptr, s_start, positions_ptr, s_pos,
-    seed_ptr, seed_stride, offset_ptr, offset_stride,
+    seed_ptr, seed_stride, offset_ptr, offset_stride, inf_ptr, s_ib, s_il,
     probs_ptr, ent_ptr, tvd_ptr, acc_ptr, dist_ptr,
     res_ptr, later_ptr, flags_ptr,
     stats_ptr, index_ptr, sums_ptr, bad_q_ptr, position_count_ptr, row_count_ptr,
@@ -218,6 +218,7 @@ def split_finish_kernel(
     COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr, PER_ROW_SEED: tl.constexpr,
     BLOCK_V: tl.constexpr, S_BLOCK: tl.constexpr, BLOCK_L: tl.constexpr,
     SEED_VALUE: tl.constexpr = False, OFFSET_VALUE: tl.constexpr = False, GATHER_DIST: tl.constexpr = False,
+    HAS_INFORMED: tl.constexpr = False,
 ):
     """Grid (B·L·S,), after split_stats_kernel. Parameters: common.py, plus the workspaces of the module docstring."""
     pid, position, n_split, s, b, i, offs, mask = _split_coords(L, V, BLOCK_V)
@@ -286,13 +287,15 @@ def split_finish_kernel(
                                           inv_z, 0, 0.0, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, False, False,
                                           False)
         a, strict_a = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
+        informed = rules.slot_informed(inf_ptr, s_ib, s_il, b, i, HAS_INFORMED)
+        a = tl.where(informed, a, strict_a)
         # the slices summed the rule's terms; a flagged q counts as the zero vector
         dist = tl.sum(tl.load(sums + 3, mask=smask, other=0.0, cache_modifier=".cg"), 0)
         if RULE == rules.CSD:
             dist = tl.where(tvd < rule_p1, dist, 0.0)
         if rules.is_lantern(RULE) and not GATHER_DIST:
             dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
-        dist = tl.where(has_draft & ~bad_q_row, dist, 0.0)
+        dist = tl.where(has_draft & ~bad_q_row & informed, dist, 0.0)
 
         _pos, _row_id, _k0, _k1, u_acc, u_smp = position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
                                                              offset_ptr + b * offset_stride, b, i, PER_ROW_SEED,
