@@ -233,3 +233,15 @@ def test_lumina_sjd_is_lossless_with_p_above(tiny_chameleon, static):
     p = [_p_value(ar, sjd, 256)] + [_p_value(d(ar), d(sjd), 4) for d in digit]
     p += [_p_value(digit[k](ar) * 4 + digit[k + 2](ar), digit[k](sjd) * 4 + digit[k + 2](sjd), 16) for k in range(2)]
     assert min(p) > 1e-3
+
+
+def test_the_law_test_catches_a_draw_by_the_acceptance_lane(grid_model, ar_law, monkeypatch):
+    """Why lane 3: a draw from p above by the step's acceptance uniform (lane 0) correlates the draft with its own
+    test, and the law moves (p ~ 1e-75 here); the shipped lane is independent of it."""
+    import csd_kernels.decoding.step as step
+    from csd_kernels import reference as ref
+
+    monkeypatch.setattr(step, "draft_uniforms", lambda seed, offset, positions, length:
+                        ref.step_uniforms(seed, offset, positions, length)[0])
+    codes = _codes(grid_model, 0, mode="sjd", coupling="maximal", window=4, draft_init="above-p")
+    assert _same_law_p(ar_law, codes) < 1e-6
