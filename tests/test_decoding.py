@@ -30,7 +30,7 @@ def image_gpt(tiny_llama):
 # ----------------------------------------------------------------------------------------------------------------------
 # greedy: every mode is AR
 # ----------------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("draft_init", ["uniform", "above"])
+@pytest.mark.parametrize("draft_init", ["uniform", "above", "above-p"])
 def test_greedy_every_mode_equals_ar(image_gpt, draft_init):
     ar = generate(image_gpt, PROMPTS, mode="ar", temperature=0, cfg_scale=2.0)
     assert ar.forward_passes == 20

@@ -82,11 +82,14 @@ def test_surplus_iterations_change_nothing(families, monkeypatch):
     _same(eager, generate(adapter, **prompt, static=True, **kw))
 
 
-@pytest.mark.parametrize("draft_init", ["above"])
-def test_static_equals_per_row_loop_with_drafts_from_above(families, draft_init):
-    adapter, prompt, cfg = families["digits"]
-    kw = dict(mode="sjd", window=6, cfg_scale=cfg, seed=2, draft_init=draft_init)
-    _same(generate(adapter, **prompt, **kw), generate(adapter, **prompt, static=True, **kw))
+@pytest.mark.parametrize("family", ["digits", "janus", "lumina", "llamagen_c2i", "llamagen_t2i"])
+@pytest.mark.parametrize("draft_init", ["above", "above-p"])
+def test_static_equals_per_row_loop_with_drafts_from_above(families, family, draft_init):
+    """Windows of 6 reach the next grid row on every family (Lumina-mGPT: the grid's columns, not its row ends)."""
+    adapter, prompt, cfg = families[family]
+    for mode in ("sjd", "csd"):
+        kw = dict(mode=mode, window=6, cfg_scale=cfg, seed=2, draft_init=draft_init)
+        _same(generate(adapter, **prompt, **kw), generate(adapter, **prompt, static=True, **kw))
 
 
 def _padded_rows(rows: list, pad: int) -> tuple:

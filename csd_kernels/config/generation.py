@@ -24,7 +24,7 @@ from .rules import ArgumentError, Rule, bool_rule, choice_rule, int_rule, real_r
 __all__ = ["GenerationConfig", "RULES", "MODES", "DRAFT_INITS", "DEFAULT_COUPLING", "MAX_IMAGES", "MAX_SEED", "FLAGS",
            "check", "check_settings", "check_generate", "run_label"]
 
-DRAFT_INITS = ("uniform", "above")
+DRAFT_INITS = ("uniform", "above", "above-p")  # docs/decoding.md, "Fresh drafts"
 DEFAULT_COUPLING = "maximal"  # lossless-tested like the others, and the fewest passes (docs/decoding.md)
 MAX_IMAGES = 1024  # images the command line generates in one generate() call (--num, --batch-size)
 MAX_SEED = SEED_LIMIT - 1  # a seed is an int in [0, 2^63) in verify, generate and the CLI (constants.SEED_LIMIT)
@@ -82,7 +82,8 @@ class GenerationConfig:
                                       "probability", shown="off")
     min_p: Optional[float] = _setting(None, real_rule(0, 1, optional=True), "keep tokens with p >= min_p * max p",
                                       shown="off")
-    draft_init: str = _setting("uniform", choice_rule(DRAFT_INITS), "fresh drafts: uniform, or the token above",
+    draft_init: str = _setting("uniform", choice_rule(DRAFT_INITS), "fresh drafts: uniform, the token above "
+                               "(q one-hot), or a draw from p above (q = that p)",
                                source="the CSD reference code (uniform drafts)")
     coupling: Optional[str] = _setting(None, choice_rule(COUPLINGS, optional=True),
                                        f"how {', '.join(COUPLED_MODES)} draw the next drafts (other modes: "

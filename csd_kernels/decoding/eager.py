@@ -25,8 +25,9 @@ def run_eager(adapter, run: Settings, state: EagerState, lead: int, clock, bar=N
     while not state.done(run.total):
         m, end, active = state.span(lead, run.window, run.total)
         win = window(state, state.n.new_full(state.n.shape, m), end - m, state.n <= m + lead, run)
-        drafted = draft(state, win, run)
-        q = draft_probs(win, drafted, run, stored_probs(state, win, active))
+        stored = stored_probs(state, win, active)
+        drafted = draft(state, win, run, stored)
+        q = draft_probs(win, drafted, run, stored)
         with clock.phase("model"):
             adapter.crop(m - 1)
             cond, uncond = forward(lambda inputs: adapter.forward(inputs, m - 1), state.seq, win,

@@ -144,7 +144,7 @@ def generate(
     if static:
         tokens, maps, accepted = _run_static(adapter, run, batch, clock, bar, cuda_graph, cfg.compile)
     else:
-        state = EagerState.empty(batch, total, window, run.vocab, run.need_q, device)
+        state = EagerState.empty(batch, total, window, run.vocab, run.need_q, device, run.p_columns)
         run_eager(adapter, run, state, lead, clock, bar)
         tokens, maps, accepted = state.seq, state.maps, state.accepted
     if bar is not None:
@@ -178,7 +178,7 @@ def _config(config: Optional[GenerationConfig], overrides: dict) -> GenerationCo
 
 def _run_static(adapter, run: Settings, batch: int, clock: "Clock", bar, cuda_graph: bool, compile: bool) -> tuple:
     """The static loop (a tree's when run.tree is set) -> (tokens [B, N], maps [4, B, N], accepted per pass)."""
-    state = StaticState.empty(batch, run.total, run.window, run.vocab, run.need_q, adapter.device)
+    state = StaticState.empty(batch, run.total, run.window, run.vocab, run.need_q, adapter.device, run.p_columns)
     iteration = None
     if run.tree is not None:
         iteration = functools.partial(tree_step, layout=device_layout(*run.tree, run.window, adapter.device))

@@ -3,7 +3,9 @@ iteration's pieces in step.py), plus the host mirror of the eager loop (:class:`
 and lagged flags of the static loop (:class:`StaticState`).
 
 Row b has committed n_b grid tokens (raster order); seq holds them, then the drafts sampled in the row's last active
-iteration, up to drafted_b - 1; q_store holds those drafts' q (that iteration's p) for the W positions from n_b.
+iteration, up to drafted_b - 1; q_store holds those drafts' q (that iteration's p) for the W positions from n_b;
+p_rows (draft_init="above-p") holds p at the last committed position of each grid column: the q of the fresh drafts
+of the row below.
 Shapes: B rows, W window slots, V image tokens, N = H·W grid tokens.
 """
 
@@ -30,13 +32,16 @@ class State:
     attempts: torch.Tensor  # [B] iterations in which the row was active (its Philox offset)
     q_store: Optional[torch.Tensor]  # [B, W, V] p of the row's last active iteration at n_b .. n_b + W - 1
     status: torch.Tensor  # [B] status bits verification raised for an active row
+    p_rows: Optional[torch.Tensor]  # [B, W_grid, V] p at the last committed position of each column (or None)
 
     @staticmethod
-    def tensors(batch: int, columns: int, window: int, vocab: int, need_q: bool, device) -> dict:
+    def tensors(batch: int, columns: int, window: int, vocab: int, need_q: bool, device, p_columns: int = 0) -> dict:
+        """``p_columns``: the grid's width when the loop keeps p_rows (draft_init="above-p" with q), else 0."""
         q_store = _zeros(device, batch, window, vocab, dtype=torch.float32) if need_q else None
+        p_rows = _zeros(device, batch, p_columns, vocab, dtype=torch.float32) if need_q and p_columns else None
         return dict(seq=_zeros(device, batch, columns), maps=_zeros(device, 4, batch, columns, dtype=torch.float32),
                     n=_zeros(device, batch), drafted=_zeros(device, batch), attempts=_zeros(device, batch),
-                    q_store=q_store, status=_zeros(device, batch))
+                    q_store=q_store, status=_zeros(device, batch), p_rows=p_rows)
 
 
 @dataclass
@@ -46,8 +51,9 @@ class EagerState(State):
     accepted: list = field(default_factory=list)  # per iteration: [B] tokens each row committed
 
     @classmethod
-    def empty(cls, batch: int, total: int, window: int, vocab: int, need_q: bool, device) -> "EagerState":
-        return cls(**cls.tensors(batch, total, window, vocab, need_q, device), counts=[0] * batch,
+    def empty(cls, batch: int, total: int, window: int, vocab: int, need_q: bool, device,
+              p_columns: int = 0) -> "EagerState":
+        return cls(**cls.tensors(batch, total, window, vocab, need_q, device, p_columns), counts=[0] * batch,
                    sampled_rows=[False] * batch)
 
     def done(self, total: int) -> bool:
@@ -69,8 +75,9 @@ class StaticState(State):
     flags: Optional[torch.Tensor] = None  # [2] (min n, max status): what the host reads, lagged
 
     @classmethod
-    def empty(cls, batch: int, total: int, window: int, vocab: int, need_q: bool, device) -> "StaticState":
-        return cls(**cls.tensors(batch, total + window, window, vocab, need_q, device),
+    def empty(cls, batch: int, total: int, window: int, vocab: int, need_q: bool, device,
+              p_columns: int = 0) -> "StaticState":
+        return cls(**cls.tensors(batch, total + window, window, vocab, need_q, device, p_columns),
                    accepted=_zeros(device, total + 1, batch), passes=_zeros(device, 1), flags=_zeros(device, 2))
 
     def record(self, committed: torch.Tensor, active: torch.Tensor) -> None:

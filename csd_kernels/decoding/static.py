@@ -36,7 +36,7 @@ def static_step(adapter, run: Settings, state: StaticState) -> None:
     """One iteration for every row, in place on ``state``; no host read, the same shapes every call."""
     n = state.n
     win = window(state, n, run.window, n < run.total, run)  # each row's W slots from its own n
-    drafted = draft(state, win, run)
+    drafted = draft(state, win, run, state.q_store)
     q = draft_probs(win, drafted, run, state.q_store)  # the q store is aligned with the row's window
     cond, uncond = forward(lambda inputs: adapter.forward_static(inputs, n - 1), state.seq, win, drafted.tokens[:, :-1])
     verified = verify(cond, uncond, q, run, state, win, drafted)

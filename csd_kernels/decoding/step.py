@@ -29,10 +29,12 @@ from ..config.generation import GenerationConfig
 from ..config.modes import MODE_TABLE, Mode
 from ..ops.drafts import random_draft_tokens
 from ..ops.verify import verify as verify_op
+from ..reference import draft_uniforms, inverse_cdf_sample
 from .state import State
 
-__all__ = ["SAMPLING", "Settings", "Window", "Drafted", "Verified", "window", "draft", "informed_slots",
-           "uniform_probs", "draft_probs", "forward", "verify", "check_status", "commit", "sampling_kwargs"]
+__all__ = ["SAMPLING", "Settings", "Window", "Drafted", "Verified", "window", "draft", "from_above", "informed_slots",
+           "uniform_probs", "draft_probs", "forward", "verify", "check_status", "commit", "keep_p_rows",
+           "sampling_kwargs"]
 
 
 SAMPLING = ("cfg_scale", "temperature", "top_k", "top_p", "min_p")  # the target distribution's settings
@@ -70,6 +72,11 @@ class Settings:
                    tree=tree)
 
     @property
+    def p_columns(self) -> int:
+        """The columns of the loop's store of p one row back (State.p_rows): the grid's width for "above-p"."""
+        return self.width if self.draft_init == "above-p" else 0
+
+    @property
     def info(self) -> Mode:
         """The mode's facts (config/modes.py)."""
         return MODE_TABLE[self.mode]
@@ -89,7 +96,7 @@ class Window:
     draft_end: torch.Tensor  # [B] slots before draft_end_b - 1 get a draft (e_b; a tree: the end of its main chain)
     committed: torch.Tensor  # [B, L] committed (or the row inactive): verified as given, never re-decided
     sampled: torch.Tensor  # [B, L] a draft sampled in the row's last active iteration (q = its p)
-    fresh: torch.Tensor  # [B, L] a fresh draft (uniform, or the token above)
+    fresh: torch.Tensor  # [B, L] a fresh draft (uniform, or from the row above)
     start: torch.Tensor  # [B] committed prefix length in the window (verify's ``start``)
     length: int  # L
 
@@ -118,27 +125,64 @@ class Drafted:
     tokens: torch.Tensor  # [B, L] committed tokens, sampled or fresh drafts, -1 where there is none
     current: torch.Tensor  # [B, L] what seq holds at the slots (what an inactive row keeps)
     fresh_tokens: torch.Tensor  # [B, L] the fresh draft of every slot
-    above: Optional[torch.Tensor]  # [B, L] fresh slots drafted from the row above (draft_init="above")
+    above: Optional[torch.Tensor]  # [B, L] fresh slots drafted from the row above (draft_init "above", "above-p")
+    fresh_q: Optional[torch.Tensor] = None  # [B, L, V] q of the fresh drafts drawn from p above (1/V elsewhere)
 
 
-def draft(state: State, win: Window, run: Settings) -> Drafted:
+def draft(state: State, win: Window, run: Settings, stored: Optional[torch.Tensor] = None) -> Drafted:
     """A draft for every slot: the committed token, the token sampled there last time, or a fresh draft (uniformly
-    random from the step stream, or the committed token of the grid row above)."""
+    random from the step stream, or from the grid row above: see :func:`from_above`). ``stored``: the q store at the
+    window's slots, as draft_probs takes it (the q of a sampled draft a fresh one below it is drawn from)."""
     fresh_tokens = random_draft_tokens(run.seeds, state.attempts, win.positions, win.length, run.vocab)  # [B, L]
-    above = None
-    if run.draft_init == "above":
-        above_pos = win.grid_pos - run.width
-        above = win.fresh & (above_pos >= 0) & (above_pos < state.n[:, None])
-        fresh_tokens = torch.where(above, state.seq.gather(1, above_pos.clamp(min=0)), fresh_tokens)
     current = state.seq.gather(1, win.grid_pos)
+    above, fresh_q = None, None
+    if run.draft_init != "uniform":
+        fresh_tokens, above, fresh_q = from_above(state, win, run, fresh_tokens, current, stored)
     tokens = torch.where(win.committed | win.sampled, current, torch.where(win.fresh, fresh_tokens, -1))
-    return Drafted(tokens, current, fresh_tokens, above)
+    return Drafted(tokens, current, fresh_tokens, above, fresh_q)
+
+
+def from_above(state: State, win: Window, run: Settings, uniform: torch.Tensor, current: torch.Tensor,
+               stored: Optional[torch.Tensor]) -> tuple:
+    """Fresh drafts from the grid row above (W columns up) -> (fresh tokens [B, L], above [B, L], q [B, L, V] or
+    None). A fresh slot whose position above is committed is drafted from it; one whose position above is a sampled
+    draft or a draft from above of this window (a window reaching into the next row) from that draft, row by row down
+    the window. "above": the token itself (q one-hot). "above-p": a draw by the step stream's lane 3 from p there
+    (the p the committing pass computed, state.p_rows, or the q of the draft above), q = that p; without a p store
+    (T = 0 or a mode without q) the token itself, which at T = 0 is p's argmax. Other fresh slots stay uniform."""
+    above_pos = win.grid_pos - run.width
+    above = win.fresh & (above_pos >= 0) & (above_pos < state.n[:, None])
+    in_window = win.fresh & (above_pos >= state.n[:, None])  # the slot above is a draft of this window
+    tokens = torch.where(above, state.seq.gather(1, above_pos.clamp(min=0)), uniform)
+    q = None
+    if state.p_rows is not None and run.draft_init == "above-p":
+        column = (win.grid_pos % run.width)[..., None].expand(-1, -1, run.vocab)
+        q = torch.where(above[..., None], state.p_rows.gather(1, column),
+                        uniform_probs(*tokens.shape, run.vocab, tokens.device))
+    keep = win.committed | win.sampled
+    for _ in range((win.length - 1) // run.width):  # one grid row further down the window each time
+        informed = in_window & _down(above | win.sampled, run.width)
+        tokens = torch.where(informed, _down(torch.where(keep, current, tokens), run.width), tokens)
+        if q is not None:
+            drafts_q = q if stored is None else torch.where(win.sampled[..., None], stored, q)
+            q = torch.where(informed[..., None], _down(drafts_q, run.width), q)
+        above = above | informed
+    if q is None:
+        return tokens, above, None
+    u = draft_uniforms(run.seeds, state.attempts, win.positions, win.length)
+    return torch.where(above, inverse_cdf_sample(q, u), tokens), above, q
+
+
+def _down(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x [B, L, ...] moved ``rows`` slots along L: slot i gets slot i - rows (the first ``rows`` slots keep theirs)."""
+    return torch.cat([x[:, :rows], x[:, :-rows]], 1) if rows < x.shape[1] else x
 
 
 def informed_slots(win: Window, drafted: Drafted) -> torch.Tensor:
-    """[B, L] bool: the slot's draft carries information — every slot but a fresh one drafted uniformly (a token
-    from the row above is a deterministic drafter's guess, its q one-hot). verify's ``informed``: a relaxed rule
-    was defined for a drafter's q, and with q = 1/V it accepts noise (docs/op.md#uninformed-drafts)."""
+    """[B, L] bool: the slot's draft carries information — every slot but a fresh one drafted uniformly (a draft
+    from the row above is a drafter's guess: the token, q one-hot, or a draw from p there, q = that p). verify's
+    ``informed``: a relaxed rule was defined for a drafter's q, and with q = 1/V it accepts noise
+    (docs/op.md#uninformed-drafts)."""
     uniform = win.fresh if drafted.above is None else win.fresh & ~drafted.above
     return ~uniform
 
@@ -149,14 +193,16 @@ def uniform_probs(batch: int, length: int, vocab: int, device) -> torch.Tensor:
 
 
 def draft_probs(win: Window, drafted: Drafted, run: Settings, stored: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """q [B, L, V] of the drafts: 1/V for fresh ones, one-hot for a token from above, ``stored`` [B, L, V] (the q
-    store at the window's slots; None: no slot is sampled) for sampled ones. None when q is not needed (at T = 0 p is
-    one-hot and any q gives the same decisions)."""
+    """q [B, L, V] of the drafts: 1/V for uniform fresh ones, one-hot for a token from above, p above for a draw from
+    it, ``stored`` [B, L, V] (the q store at the window's slots; None: no slot is sampled) for sampled ones. None when
+    q is not needed (at T = 0 p is one-hot and any q gives the same decisions)."""
     if not run.need_q:
         return None
     batch = drafted.tokens.shape[0]
     fill = uniform_probs(batch, win.length, run.vocab, drafted.tokens.device)
-    if drafted.above is not None:
+    if drafted.fresh_q is not None:
+        fill = drafted.fresh_q
+    elif drafted.above is not None:
         one_hot = torch.nn.functional.one_hot(drafted.fresh_tokens, run.vocab).float()
         fill = torch.where(drafted.above[..., None], one_hot, fill)
     if stored is None:
@@ -256,9 +302,22 @@ def commit(state: State, win: Window, drafted: Drafted, verified: Verified) -> t
         shift = ((new_n - win.positions)[:, None] + slots).clamp(0, verified.probs.shape[1] - 1)  # [B, W]
         fresh_q = verified.probs.gather(1, shift[..., None].expand(-1, -1, state.q_store.shape[2]))
         state.q_store.copy_(torch.where(active[:, None, None], fresh_q, state.q_store))
+    if state.p_rows is not None and verified.probs is not None:
+        keep_p_rows(state.p_rows, win, n, new_n, verified.probs)
     state.drafted.copy_(torch.where(active, win.draft_end, state.drafted))
     state.attempts.add_(active.to(torch.int64))
     state.status.copy_(torch.where(active, verified.status.to(torch.int64), 0) | state.status)
     committed = new_n - n
     state.n.copy_(new_n)
     return committed
+
+
+def keep_p_rows(p_rows: torch.Tensor, win: Window, n: torch.Tensor, new_n: torch.Tensor, probs: torch.Tensor) -> None:
+    """p [B, L, V] at the newly committed positions [n, new_n) into p_rows [B, W, V], in place: each column gets p at
+    its last position committed (a window may commit a column twice)."""
+    width = p_rows.shape[1]
+    columns = torch.arange(width, device=n.device)[None, :]
+    last = new_n[:, None] - 1 - (new_n[:, None] - 1 - columns) % width  # [B, W] the column's last position < new_n
+    slot = (last - win.positions[:, None]).clamp(0, probs.shape[1] - 1)
+    newly = (last >= n[:, None])[..., None]
+    p_rows.copy_(torch.where(newly, probs.gather(1, slot[..., None].expand(-1, -1, p_rows.shape[2])), p_rows))

@@ -43,7 +43,7 @@ def tree_step(adapter, run: Settings, state: StaticState, layout: ref.TreeLayout
     """One iteration for every row, in place on ``state`` (static.static_step with a tree in the window)."""
     n, levels = state.n, layout.levels
     win = window(state, n, run.window, n < run.total, run, levels=levels)  # drafts on the main chain only
-    drafted = draft(state, win, run)
+    drafted = draft(state, win, run, state.q_store)
     q = draft_probs(win, drafted, run, state.q_store)
     if q is None:  # greedy: p is one-hot, any q with q(x) > 0 takes the argmax decision
         q = uniform_probs(n.shape[0], run.window, run.vocab, n.device)

@@ -5,7 +5,8 @@ Keys and counters:
 * key = the row's seed as (low 32 bits, high 32 bits).
 * step stream, one Philox call per (row, position):
   counter = (pos, row_id, offset_lo, offset_hi); lane 0 -> u_accept, lane 1 -> u_sample, lane 2 -> the uniformly
-  random draft token floor(x·V / 2^32) that a decoding loop puts at a fresh position (:func:`random_draft_tokens`).
+  random draft token floor(x·V / 2^32) that a decoding loop puts at a fresh position (:func:`random_draft_tokens`),
+  lane 3 -> the uniform of a fresh draft drawn from an informed q instead (the row above's p, :func:`draft_uniforms`).
 * gumbel stream, one call per (row, position, 4 tokens): counter = (v >> 2, pos, row_id, 0x80000000), lane v & 3.
   It does not depend on ``offset``, so the noise is the same in every iteration of a decoding loop.
 
@@ -25,8 +26,8 @@ from __future__ import annotations
 import torch
 
 __all__ = ["PHILOX_M0", "PHILOX_M1", "PHILOX_W0", "PHILOX_W1", "PHILOX_ROUNDS", "GUMBEL_STREAM_TAG", "TREE_STREAM_TAG",
-           "philox4x32", "uniform_from_bits", "step_uniforms", "random_draft_tokens", "gumbel_uniforms",
-           "tree_uniforms", "tree_gumbel_uniforms"]
+           "philox4x32", "uniform_from_bits", "step_uniforms", "random_draft_tokens", "draft_uniforms",
+           "gumbel_uniforms", "tree_uniforms", "tree_gumbel_uniforms"]
 
 PHILOX_M0 = 0xD2511F53
 PHILOX_M1 = 0xCD9E8D57
@@ -131,6 +132,20 @@ def random_draft_tokens(seed: torch.Tensor, offset: torch.Tensor, positions: tor
     _, _, lane2, _ = philox4x32(pos, row_id[:, None], offset & _MASK32, (offset >> 32) & _MASK32, k0[:, None],
                                 k1[:, None])
     return (lane2 * vocab) >> 32
+
+
+def draft_uniforms(seed: torch.Tensor, offset: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
+    """[B, L] float32 uniforms from lane 3 of the step stream: the inverse-CDF draw of a fresh draft from an informed
+    q (draft_init="above-p"), independent of the step's acceptance and sampling uniforms (lanes 0 and 1).
+
+    Shape: seed [1] or [B], offset [1] or [B] (row b uses offset[b]), positions [B].
+    """
+    batch = positions.numel()
+    k0, k1, row_id = _seed_key(seed, batch)
+    offset = _row_offsets(offset, batch)
+    pos = _absolute_positions(positions, length)
+    lane3 = philox4x32(pos, row_id[:, None], offset & _MASK32, (offset >> 32) & _MASK32, k0[:, None], k1[:, None])[3]
+    return uniform_from_bits(lane3)
 
 
 def gumbel_uniforms(seed: torch.Tensor, positions: torch.Tensor, length: int, vocab: int) -> torch.Tensor:
