@@ -17,6 +17,11 @@ The cases run in an interpreter started with :data:`PINNED_NUMERICS` (the test, 
 AVX2 / AVX-512 kernels and MKL's / oneDNN's per-CPU code sum floats in different orders, so that on another CPU a
 near tie flips a token (an AVX2-only CPU differed from an AVX-512 one in 1 of 143 cases). The recording was made so at
 58171dc, the commit before the reorganisation, and the reorganised package reproduces it.
+
+Re-recorded once since, for two intended changes (issues 45 and 46): a uniform fresh draft is verified strictly
+under every relaxed rule (8 gsd / csd cases changed, every lossless one stayed), and the default fresh draft became
+the token above (the 3 defaults cases changed; every other case names ``draft_init="uniform"``, and each family got
+a defaults case).
 """
 
 from __future__ import annotations
@@ -108,6 +113,14 @@ def _model(name: str):
 # the case grid
 # ----------------------------------------------------------------------------------------------------------------------
 def _case(model: str, prompt: str = "one", **kwargs) -> dict:
+    """A case on backend "cpu" with uniform fresh drafts (the recording predates issue 46's default, "above")."""
+    kwargs = {"backend": "cpu", **kwargs}
+    kwargs.setdefault("draft_init", "uniform")
+    return {"model": model, "prompt": prompt, "kwargs": kwargs}
+
+
+def _defaults_case(model: str, prompt: str = "one", **kwargs) -> dict:
+    """A case that takes every default but the backend's: it guards the defaults themselves."""
     return {"model": model, "prompt": prompt, "kwargs": {"backend": "cpu", **kwargs}}
 
 
@@ -130,9 +143,9 @@ def _digits_cases() -> list:
             cases.append(_case("digits", **base, mode=mode, tree=tree, static=True))
     cases += [
         # every default (mode, coupling, window, cfg_scale, seed, ...): guards the defaults themselves
-        _case("digits"),
-        _case("digits", static=True),
-        _case("digits", "batch"),
+        _defaults_case("digits"),
+        _defaults_case("digits", static=True),
+        _defaults_case("digits", "batch"),
         # CFG off
         _case("digits", mode="ar", cfg_scale=1.0, seed=2),
         _case("digits", mode="csd", coupling="maximal", cfg_scale=1.0, seed=2),
@@ -198,6 +211,7 @@ def _family_cases(family: str) -> list:
               _case(family, **base, mode="csd", coupling="gumbel", static=False, top_k=8),
               _case(family, **base, mode="csd", tree=(3, 2), static=True, min_p=0.05),
               _case(family, **dict(base, temperature=0.0), mode="csd", static=True)]
+    cases.append(_defaults_case(family, **base))  # every default of the mode and drafts (csd, "above")
     if "batch" in _model_prompts(family):
         cases.append(_case(family, "batch", **base, mode="csd", coupling="gumbel"))
         cases.append(_case(family, "batch", **base, mode="csd", static=True, min_p=0.05))
@@ -213,6 +227,8 @@ def case_id(case: dict) -> str:
     parts = [case["model"], case["prompt"], kw.pop("mode", "defaults")]
     if kw.get("backend") == "cpu":  # every case's backend unless it says otherwise
         del kw["backend"]
+    if kw.get("draft_init") == "uniform":  # every case's fresh drafts but the defaults cases'
+        del kw["draft_init"]
     for key, value in kw.items():
         if key == "static":
             parts.append("static" if value else "eager")

@@ -82,9 +82,10 @@ class GenerationConfig:
                                       "probability", shown="off")
     min_p: Optional[float] = _setting(None, real_rule(0, 1, optional=True), "keep tokens with p >= min_p * max p",
                                       shown="off")
-    draft_init: str = _setting("uniform", choice_rule(DRAFT_INITS), "fresh drafts: uniform, the token above "
+    draft_init: str = _setting("above", choice_rule(DRAFT_INITS), "fresh drafts: uniform, the token above "
                                "(q one-hot), or a draw from p above (q = that p)",
-                               source="the CSD reference code (uniform drafts)")
+                               source="fewest passes per CPU second on scenes and digits, lossless and csd "
+                                      "(docs/measurements.md#drafts-from-the-row-above-scenes-digits)")
     coupling: Optional[str] = _setting(None, choice_rule(COUPLINGS, optional=True),
                                        f"how {', '.join(COUPLED_MODES)} draw the next drafts (other modes: "
                                        "independent)", flag="own", shown=f"{DEFAULT_COUPLING} for those modes")
