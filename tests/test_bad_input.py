@@ -318,7 +318,7 @@ def test_generate_replaces_its_earlier_images_and_records_every_setting(tmp_path
     assert stats["command"] == "csd generate" and stats["num"] == 2 and stats["mode"] == "sjd"
     parameters = stats["parameters"]
     expected = {"window": 8, "cfg_scale": zoo.load("digits").defaults.cfg_scale, "temperature": 1.0,
-                "top_k": None, "entropy_coef": 0.5, "tvd_threshold": 0.65, "draft_init": "uniform",
+                "top_k": None, "entropy_coef": 0.5, "tvd_threshold": 0.65, "draft_init": "above",
                 "coupling": ck.decoding.DEFAULT_COUPLING}
     assert {k: parameters[k] for k in expected} == expected
     assert parameters["backend"] in ck.available_backends("cpu")  # the backend that ran, not None

@@ -270,7 +270,8 @@ def _first_iteration_p_value(model, tree, window) -> float:
     from csd_kernels.decoding import generate
 
     out = generate(model, torch.full((FIRST_SAMPLES, 1), 8), mode="csd", window=window, tree=tree, cfg_scale=1.0,
-                   temperature=TEMPERATURE, entropy_coef=LAMBDA, tvd_threshold=TAU, seed=torch.arange(FIRST_SAMPLES))
+                   temperature=TEMPERATURE, entropy_coef=LAMBDA, tvd_threshold=TAU, seed=torch.arange(FIRST_SAMPLES),
+                   draft_init="uniform")
     x0, x1 = out.tokens[:, 0], out.tokens[:, 1]
     both = torch.tensor(out.accepted[0]) >= 2
     with torch.no_grad():
