@@ -4,7 +4,7 @@
 #   bash scripts/engines_check.sh [VENV_ROOT]        (default /work/venvs; writes VENV_ROOT/engines_check.md)
 #
 # Makes VENV_ROOT/vllm with the newest vLLM the index serves (VLLM_SPEC=vllm==X pins one), installs this package into
-# it from a scratch copy (CSD_KERNELS_CUDA=0; -std=c++20 there, as the torch vLLM brings needs, see issue 44),
+# it from a scratch copy (CSD_KERNELS_CUDA=0; the C++ standard is the one that torch asks for, see issue 44),
 # downloads the matching vLLM sdist for its tests (VLLM_SDIST=PATH: one at hand), and runs scripts/engines_check.py: signatures, the plugin through
 # vLLM's loader, vLLM's test files for both samplers with vLLM's function and with ours. The table it prints is the
 # one in docs/drop-in.md. SGLang: see docs/drop-in.md for what runs on a CPU.
@@ -21,7 +21,6 @@ version=$("$venv/bin/python" -c "import importlib.metadata as m; print(m.version
 
 # this package, built against the venv's torch: a scratch copy with the C++ standard that torch needs
 git -C "$repo" ls-files -z --cached --others --exclude-standard | (cd "$repo" && xargs -0 tar cf -) | tar xf - -C "$scratch" --one-top-level=pkg
-sed -i 's/-std=c++17/-std=c++20/g' "$scratch/pkg/setup.py"
 CSD_KERNELS_CUDA=0 "$venv/bin/pip" install -q --no-build-isolation "$scratch/pkg" 2>&1 | grep -v "^WARNING: Location" || true
 
 # vLLM's tests, from the sdist of the installed version (VLLM_SDIST: one already downloaded; pip download prepares
