@@ -27,7 +27,7 @@ from csd_kernels.config.acceptance import GRID_RULES
 from csd_kernels.zoo import measurement_prompts
 
 
-def named_settings(window: int | None) -> dict:
+def named_settings(window: int | None, vocab: int) -> dict:
     """Every setting the comparison can name: ar, sjd with each coupling, csd at the defaults (λ 0.5, τ 0.65, maximal
     and independent next drafts), gsd and every other relaxed rule at its defaults."""
     table = {"ar": frontier.Setting("ar", "ar")}
@@ -37,7 +37,7 @@ def named_settings(window: int | None) -> dict:
     table["csd+independent"] = frontier.Setting("csd+independent λ=0.5 τ=0.65", "csd", "independent", 0.5, 0.65,
                                                 window=window)
     table["gsd"] = frontier.Setting("gsd", "gsd", window=window)
-    for s in frontier.rule_settings({rule: [{}] for rule in GRID_RULES}):
+    for s in frontier.rule_settings({rule: [{}] for rule in GRID_RULES}, vocab):
         table[s.mode] = frontier.Setting(s.label, s.mode, s.coupling, window=window)
     return table
 
@@ -123,7 +123,7 @@ def main() -> None:
     if args.report:
         print(report(args.report))
         return
-    table = named_settings(args.window)
+    table = named_settings(args.window, frontier.model_vocab(args.model))
     unknown = [name for name in args.settings.split(",") if name not in table]
     if unknown:
         parser.error(f"--settings: unknown {unknown}; one of {', '.join(table)}")

@@ -18,10 +18,11 @@ from csd_kernels.bench import frontier
 from csd_kernels.zoo import measurement_prompts
 
 
-def grid() -> list:
+def grid(model: str) -> list:
     """ar, sjd+maximal, gsd and csd (two τ), then each other rule at its defaults (frontier.rule_settings)."""
     fixed = frontier.settings((0.5,), (0.65, 1.0), ("maximal",), trees=(), sjd_couplings=("maximal",))
-    return fixed + frontier.rule_settings({"arsample": [{}], "lantern": [{}], "lantern++": [{}]})
+    return fixed + frontier.rule_settings({"arsample": [{}], "lantern": [{}], "lantern++": [{}]},
+                                          frontier.model_vocab(model))
 
 
 def main() -> None:
@@ -34,7 +35,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="output prefix")
     args = parser.parse_args()
     prompts = measurement_prompts(args.model, per_class=args.per_class, images=args.images)
-    result = frontier.sweep(args.model, seeds=tuple(range(args.seeds)), workers=args.workers, grid=grid(),
+    result = frontier.sweep(args.model, seeds=tuple(range(args.seeds)), workers=args.workers, grid=grid(args.model),
                             prompts=prompts)
     print(frontier.format_table(result, labels=list(result["results"])))
     for path in frontier.save(result, args.out).values():

@@ -5,8 +5,8 @@ over each rule's parameter grid, written as PREFIX.json / .csv / .png and PREFIX
 - csd+maximal over λ ∈ {0.25, 0.5, 1} × τ ∈ {0.65, 1};
 - gsd (independent drafts) over k ∈ {4, 12, 32} × δ ∈ {0.15, 0.3};
 - arsample+maximal over its scale c ∈ {4.5, 9, 18} (offset 0.05) and offset s0 ∈ {0.2} (c = 9);
-- lantern+maximal over δ ∈ {0.05, 0.1, 0.2, 0.4} (k = 1000, capped at V − 1);
-- lantern++/maximal over λ ∈ {2, 5, 10, 20} (k = 10).
+- lantern+maximal over δ ∈ {0.05, 0.1, 0.2, 0.4} and lantern++/maximal over λ ∈ {2, 5, 10, 20}, each at its default
+  k for the model's codebook (config.acceptance.default_lantern_k; the tables of 2026-12 ran k 1000 and 10).
 
     python benchmarks/frontier_rules.py [--images 96] [--seeds 1] [--workers 2] [--out docs/img/scenes_rules]
     python benchmarks/frontier_rules.py --smoke --images 4 --out out/rules_smoke    # one point per rule
@@ -46,27 +46,27 @@ NEW_RULES = {"arsample": [{}, {"arsample_scale": 4.5}], "lantern": [{}, {"lanter
              "lantern++": [{}, {"lantern_lambda": 20.0}]}
 
 
-def rest_of_grid() -> list:
+def rest_of_grid(vocab: int) -> list:
     """ar, gsd over GSD_GRID but its default (frontier_scenes.py runs that) and each rule's points of RULE_GRIDS that
     --new-rules leaves out: with those two runs and frontier_scenes.py's, the whole grid on the same prompts."""
     gsd = [s for s in frontier.settings((), (), (), trees=(), sjd_couplings=(), gsd=GSD_GRID) if s.mode == "gsd"]
-    done = {s.label for s in frontier.rule_settings(NEW_RULES)}
-    rules = [s for s in frontier.rule_settings(RULE_GRIDS) if s.label not in done]
+    done = {s.label for s in frontier.rule_settings(NEW_RULES, vocab)}
+    rules = [s for s in frontier.rule_settings(RULE_GRIDS, vocab) if s.label not in done]
     return [frontier.Setting("ar", "ar"), *gsd[1:], *rules]
 
 
-def grid(smoke: bool, new_rules: bool = False, rest: bool = False) -> list:
-    """The settings: the full grids, (smoke) each rule at one point, (new_rules) ar and NEW_RULES, or (rest)
-    rest_of_grid()."""
+def grid(vocab: int, smoke: bool, new_rules: bool = False, rest: bool = False) -> list:
+    """The settings (``vocab``: the model's codebook size): the full grids, (smoke) each rule at one point,
+    (new_rules) ar and NEW_RULES, or (rest) rest_of_grid()."""
     if rest:
-        return rest_of_grid()
+        return rest_of_grid(vocab)
     if new_rules:
-        return [frontier.Setting("ar", "ar")] + frontier.rule_settings(NEW_RULES)
+        return [frontier.Setting("ar", "ar")] + frontier.rule_settings(NEW_RULES, vocab)
     if smoke:
         return frontier.settings((0.5,), (0.65,), ("maximal",), trees=(), sjd_couplings=("maximal",),
-                                 rules={rule: points[:1] for rule, points in RULE_GRIDS.items()})
+                                 rules={rule: points[:1] for rule, points in RULE_GRIDS.items()}, vocab=vocab)
     return frontier.settings(LAMBDAS, TAUS, ("maximal",), trees=(), sjd_couplings=("maximal",), gsd=GSD_GRID,
-                             rules=RULE_GRIDS)
+                             rules=RULE_GRIDS, vocab=vocab)
 
 
 def combine(paths: list[str]) -> dict:
@@ -112,7 +112,8 @@ def main() -> None:
         return
     prompts = measurement_prompts("scenes", images=args.images)
     result = frontier.sweep("scenes", seeds=tuple(range(args.seeds)), workers=args.workers,
-                            grid=grid(args.smoke, args.new_rules, args.rest), prompts=prompts,
+                            grid=grid(frontier.model_vocab("scenes", weights=args.weights), args.smoke,
+                                      args.new_rules, args.rest), prompts=prompts,
                             options=dict(weights=args.weights))
     print(frontier.format_table(result, labels=list(result["results"])))
     print("\n".join(frontier.summary_lines(result)))

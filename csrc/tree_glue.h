@@ -28,7 +28,7 @@ using TreeTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at:
                  const std::optional<at::Tensor>& sibling_probs, const std::optional<at::Tensor>& neighbours,      \
                  const at::Tensor& children, double cfg_scale, double temperature, int64_t top_k, double top_p,    \
                  double min_p, int64_t rule, c10::ArrayRef<double> rule_params, bool gather_distortion,           \
-                 const at::Tensor& seed, const at::Tensor& offset)
+                 const at::Tensor& seed, const at::Tensor& offset, const std::optional<at::Tensor>& informed)
 
 CSD_VERIFY_TREE_ROWS_SIGNATURE(verify_tree_rows_cpu);
 #ifdef CSD_WITH_CUDA
@@ -39,7 +39,7 @@ CSD_VERIFY_TREE_ROWS_SIGNATURE(verify_tree_rows_cuda);
 // `problem` stay valid as long as this object lives).
 struct PreparedTree {
   at::Tensor accept_len, path, tokens, accept_prob, entropy, tvd, distortion, status;
-  at::Tensor node_tokens, draft_probs, sibling_probs, children, seed, offset, workspace, gsd_workspace;
+  at::Tensor node_tokens, draft_probs, sibling_probs, children, seed, offset, informed, workspace, gsd_workspace;
   TreeProblem problem;
   TreeTuple as_tuple() const { return {accept_len, path, tokens, accept_prob, entropy, tvd, distortion, status}; }
 };
@@ -57,7 +57,8 @@ inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std
                                       const std::optional<at::Tensor>& neighbours, const at::Tensor& children,
                                       double cfg_scale, double temperature, int64_t top_k, double top_p, double min_p,
                                       int64_t rule, c10::ArrayRef<double> rule_params, bool gather_distortion,
-                                      const at::Tensor& seed, const at::Tensor& offset) {
+                                      const at::Tensor& seed, const at::Tensor& offset,
+                                      const std::optional<at::Tensor>& informed) {
   const char* op = "csd_kernels.verify_tree_rows: ";
   TORCH_CHECK(target_logits.dim() == 3, op, "target_logits must be [B, S, V], got ", target_logits.sizes());
   const int64_t B = target_logits.size(0), S = target_logits.size(1), V = target_logits.size(2);
@@ -102,6 +103,13 @@ inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std
     TORCH_CHECK(pr.first->scalar_type() == at::kLong && (pr.first->numel() == 1 || pr.first->numel() == B), op,
                 pr.second, " must be int64 [1] or [B], got ", pr.first->scalar_type(), " ", pr.first->sizes());
   }
+  if (informed.has_value()) {
+    on_device(*informed, "informed");
+    TORCH_CHECK(informed->scalar_type() == at::kBool && informed->dim() == 2 && informed->size(0) == B &&
+                    informed->size(1) == M,
+                op, "informed must be bool [B, M] = [", B, ", ", M, "], got ", informed->scalar_type(), " ",
+                informed->sizes());
+  }
   TORCH_CHECK(temperature >= 0.0, op, "temperature must be >= 0, got ", temperature);
   TORCH_CHECK(top_k >= 0, op, "top_k must be >= 0 (0 = no restriction), got ", top_k);
   TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, op, "top_p must lie in (0, 1] (1 = no restriction), got ", top_p);
@@ -124,6 +132,7 @@ inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std
   c.children = children.contiguous();
   c.seed = seed.contiguous();
   c.offset = offset.contiguous();
+  if (informed.has_value()) c.informed = informed->contiguous();
   c.workspace = at::empty({B, 3, V}, f32);
 
   TreeProblem& P = c.problem;
@@ -162,6 +171,7 @@ inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std
   P.n_seed = c.seed.numel();
   P.offset = c.offset.data_ptr<int64_t>();
   P.n_offset = c.offset.numel();
+  P.informed = informed.has_value() ? reinterpret_cast<const uint8_t*>(c.informed.data_ptr<bool>()) : nullptr;
   P.workspace = c.workspace.data_ptr<float>();
   P.accept_len = c.accept_len.data_ptr<int64_t>();
   P.path = c.path.data_ptr<int64_t>();

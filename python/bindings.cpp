@@ -185,8 +185,8 @@ TORCH_LIBRARY(csd_kernels, m) {
   m.def(
       "verify_tree_rows(Tensor target_logits, Tensor? uncond_logits, Tensor node_tokens, Tensor draft_probs, "
       "Tensor? sibling_probs, Tensor? neighbours, Tensor children, float cfg_scale, float temperature, int top_k, "
-      "float top_p, float min_p, int rule, float[] rule_params, bool gather_distortion, Tensor seed, Tensor offset) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "float top_p, float min_p, int rule, float[] rule_params, bool gather_distortion, Tensor seed, Tensor offset, "
+      "Tensor? informed) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(csd_kernels, CPU, m) {

@@ -69,9 +69,14 @@ def test_rule_grids_sweep_each_rule_over_its_own_parameters():
     assert grids == {"arsample": [{"arsample_scale": 4.5}],
                      "lantern": [{"lantern_delta": 0.05, "lantern_k": 4}, {"lantern_delta": 0.05, "lantern_k": 8},
                                  {"lantern_delta": 0.2, "lantern_k": 4}, {"lantern_delta": 0.2, "lantern_k": 8}]}
-    grid = frontier.settings((0.5,), (0.65,), ("maximal",), trees=(), sjd_couplings=("maximal",),
-                             rules=frontier.rule_grids({"lantern_lambda": (2.0,), "arsample_offset": (0.2,)}))
+    rules = frontier.rule_grids({"lantern_lambda": (2.0,), "arsample_offset": (0.2,)})
+    grid = frontier.settings((0.5,), (0.65,), ("maximal",), trees=(), sjd_couplings=("maximal",), rules=rules,
+                             vocab=16384)
     assert [s.label for s in grid[4:]] == ["arsample+maximal c=9 s0=0.2", "lantern++/maximal λ=2 k=10"]
+    # a lantern rule's default k is the codebook's (config.acceptance.default_lantern_k): labelled as it runs
+    assert frontier.rule_settings({"lantern": [{}]}, 512)[0].label == "lantern+maximal δ=0.1 k=32"
+    with pytest.raises(ValueError, match="lantern: its default lantern_k depends on the codebook; pass vocab="):
+        frontier.rule_settings({"lantern": [{}]})
     assert grid[-1].generate_kwargs() == dict(mode="lantern++", coupling="maximal", lantern_lambda=2.0,
                                               gather_distortion=True)  # the exact distortion axis
     assert grid[-1].rule == "lantern++" and not grid[-1].lossless

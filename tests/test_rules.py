@@ -25,7 +25,7 @@ import csd_kernels as ck
 from csd_kernels import reference as ref
 from csd_kernels import testing
 from csd_kernels.backends.spec import TREE_ARGS, VERIFY_ARGS, VerifyArgs, compiled_names
-from csd_kernels.config.acceptance import PARAMS, RULES, rule_named
+from csd_kernels.config.acceptance import PARAMS, RULES, default_lantern_k, rule_named
 from csd_kernels.config.generation import GenerationConfig
 from csd_kernels.config.modes import MODE_TABLE
 from csd_kernels.config.rules import ArgumentError
@@ -348,6 +348,29 @@ def test_many_random_rows_tolerate_rare_ties(backend):
     assert mismatches <= max(1, rows // 1000), f"{mismatches} of {rows} rows differ"
 
 
+def test_default_lantern_k_keeps_the_published_share_of_the_codebook():
+    """LANTERN's k (1000; LANTERN++'s 10) were published for a 16384-code codebook; a default k keeps that share, so a
+    small codebook does not make every code a neighbour (issue 45: k 1000 on digits' 512 codes lent any draft δ).
+    The op and the reference take it when lantern_k is not given, capped at the table's width.
+    Planted: with the published k as the default (min(1000, width)), the op's equality below goes red."""
+    assert [default_lantern_k("lantern", v) for v in (16384, 4096, 512, 64, 2)] == [1000, 250, 32, 4, 1]
+    assert [default_lantern_k("lantern++", v) for v in (16384, 4096, 512)] == [10, 3, 1]
+    vocab = 64
+    case = testing.make_case(8, 4, vocab, q="dense", seed=5)
+    nb = ck.codebook_neighbours(torch.randn(vocab, 3, generator=torch.Generator().manual_seed(1)), vocab - 1)
+    for rule, kw in (("lantern", dict(lantern_delta=0.3)), ("lantern++", dict(lantern_lambda=4.0))):
+        default = ck.verify(**case, rule=rule, neighbours=nb, backend="torch", **kw)
+        named = ck.verify(**case, rule=rule, neighbours=nb, backend="torch", lantern_k=default_lantern_k(rule, vocab),
+                          **kw)
+        widest = ck.verify(**case, rule=rule, neighbours=nb, backend="torch", lantern_k=vocab - 1, **kw)
+        assert torch.equal(default.accept_prob, named.accept_prob), rule
+        if rule == "lantern":  # the whole codebook lends more than 4 neighbours do
+            assert not torch.equal(default.accept_prob, widest.accept_prob)
+        acc = ref.Acceptance(rule, torch.full((vocab,), 1.0 / vocab), torch.full((vocab,), 1.0 / vocab), neighbours=nb,
+                             **kw)
+        assert acc.params["lantern_k"] == default_lantern_k(rule, vocab)
+
+
 def test_rule_label_formats_its_parameters():
     assert rule_named("csd").label.format(**ref.rule_parameters("csd", {})) == "csd λ=0.5 τ=0.65"
     assert rule_named("lantern").label.format(**ref.rule_parameters("lantern", {})) == "lantern δ=0.1 k=1000"
@@ -402,8 +425,8 @@ def test_with_uniform_q_only_informed_guards_lantern():
     drafts = torch.arange(vocab)[:, None]  # every token once
     q = torch.full((vocab, 1, vocab), 1.0 / vocab)
     logits = torch.log(p).expand(vocab, 1, vocab)
-    relaxed, guarded = (ck.verify(logits, drafts, q, rule="lantern", neighbours=nb, lantern_delta=0.1, informed=mask,
-                                  gather_distortion=True, backend="torch")
+    relaxed, guarded = (ck.verify(logits, drafts, q, rule="lantern", neighbours=nb, lantern_delta=0.1, lantern_k=16,
+                                  informed=mask, gather_distortion=True, backend="torch")
                         for mask in (None, torch.zeros(vocab, 1, dtype=bool)))
     assert (relaxed.accept_prob[:, 0] == 1).float().mean() > 0.8  # 0.81 here, against 0.12 strictly
     assert relaxed.distortion.mean() > 0.5 and (guarded.distortion == 0).all()

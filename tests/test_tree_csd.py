@@ -277,10 +277,9 @@ def _first_iteration_p_value(model, tree, window) -> float:
     with torch.no_grad():
         logits = model.lm(torch.cat([torch.full((4, 1), 8), torch.arange(4)[:, None]], 1)).logits[:, :, :4]
     p = torch.softmax(logits.double() / TEMPERATURE, -1)  # [x0, 2, V]: at the prompt (row 0 of each), after x0
-    uniform = torch.full((4,), 0.25, dtype=torch.float64)
-    stat, df = _chi2(x0, _chain_csd_law(p[0, 0], uniform, LAMBDA, TAU)[0])
+    stat, df = _chi2(x0, p[0, 0])  # uniform first drafts are uninformed: the strict test, law p (docs/op.md)
     for x in range(4):
-        s, d = _chi2(x1[both & (x0 == x)], _chain_csd_law(p[x, 1], uniform, LAMBDA, TAU)[0])
+        s, d = _chi2(x1[both & (x0 == x)], p[x, 1])
         stat, df = stat + s, df + d
     return float(chi2.sf(stat, df))
 
@@ -303,9 +302,11 @@ def three_positions():
     return ImageGPT(build_tiny_llama(10, seed=3, init=0.15), image_token_range=(0, 4), grid=(1, 3), null_token_id=9)
 
 
-def test_first_iteration_law_is_chain_csd(three_positions):
-    """N = 20000 rows, 15 df (token 0: 3, token 1 given each token 0: 4 x 3). Power: the loop verifying with the
-    strict rule instead (law p, total variation 0.08 - 0.15 from csd's here) and a rejected main draft's residual
-    left out of the siblings' test are rejected at p < 1e-6; relaxing the siblings' test too moves these laws by
-    at most 0.012 (noncentrality 6: not detected here; test_csd_node_law_is_chain_csd catches it exactly)."""
+def test_first_iteration_law_is_p_for_uninformed_drafts(three_positions):
+    """The first iteration's drafts are uniform (no row above on a 1 x 3 grid): uninformed, so the tree loop tests
+    them strictly under csd too (verify_tree's ``informed``, issue 45) and the law is p. N = 20000 rows, 15 df
+    (token 0: 3, token 1 given each token 0: 4 x 3). Power: the loop relaxing them (csd's law, total variation
+    0.08 - 0.15 from p here: the planted ``informed=None`` in decoding/tree.py, p-value below 1e-6) and a rejected main
+    draft's residual left out of the siblings' test are rejected at p < 1e-6. csd's relaxation of an informed
+    main draft in the tree is held exactly by test_csd_node_law_is_chain_csd."""
     assert _first_iteration_p_value(three_positions, (3, 2), 6) > 1e-3

@@ -79,7 +79,7 @@ def _run_triton(layout, logits, tokens, q, *, uncond_logits=None, cfg_scale=1.0,
         depth=layout.depth, branching=layout.branching, depth_limit=layout.depth_limit, cfg_scale=cfg_scale,
         temperature=temperature, top_k=top_k or 0, top_p=1.0 if top_p is None else top_p, min_p=min_p or 0.0,
         rule=checked.code, rule_params=checked.params, gather_distortion=gather_distortion, seed=dev(seed),
-        offset=dev(offset)))
+        offset=dev(offset), informed=None))
     return dict(zip(FIELDS, (t.cpu() for t in out)))
 
 

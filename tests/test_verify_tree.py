@@ -155,6 +155,46 @@ def test_walks_use_residuals_and_deep_paths(backend, options, sibling):
     assert 0 in lengths and max(lengths) >= 3, "walks should stop at the root and go past the tree's depth"
 
 
+INFORMED_RULES = {"csd": dict(entropy_coef=0.5, tvd_threshold=1.0), "gsd": dict(group_rank=4, group_delta=0.3),
+                  "arsample": {}, "lantern": dict(lantern_delta=0.3), "lantern++": dict(lantern_lambda=4.0)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rule", list(INFORMED_RULES))
+def test_uninformed_main_drafts_are_tested_strictly(backend, rule):
+    """``informed`` (issue 45, as verify's): a level whose main draft was drawn without information is tested by the
+    strict rule and spends no distortion. Every level uninformed: the reference's walk is the strict one exactly
+    (tokens, path, accept_prob) with zero distortion, and differs from the relaxed walk (the rule acts on these
+    inputs); a mixed mask: every backend equals the reference. Planted: the reference's tree_walk ignoring ``informed``
+    turns every case red (the torch cases' strict equality, the cpu and triton kernels' equality to it)."""
+    if backend == "triton" and rule == "gsd":
+        pytest.skip("triton verifies no gsd trees")
+    rows = 8 if backend == "triton" and not torch.cuda.is_available() else 32
+    inputs = _tree_inputs(2, 3, 12, rows, 40, seed=7, sharp=1.0, uniform_tokens=True)
+    levels = inputs["layout"].levels
+    options = dict(rule=rule, gather_distortion=True, **INFORMED_RULES[rule])
+    if rule.startswith("lantern"):
+        nb = ref.codebook_neighbours(torch.randn(40, 3, generator=torch.Generator().manual_seed(2)), 39)
+        options.update(neighbours=nb, lantern_k=16)
+    seed, offset = torch.tensor([9]), torch.tensor([1])
+    if backend == "torch":
+        none = torch.zeros(rows, levels, dtype=torch.bool)
+        uninformed = _reference(inputs, seed, offset, informed=none, **options)
+        strict = _reference(inputs, seed, offset)
+        relaxed = _reference(inputs, seed, offset, **options)
+        for field in ("accept_len", "path", "tokens", "accept_prob"):
+            assert torch.equal(getattr(uninformed, field), getattr(strict, field)), field
+        assert (uninformed.distortion == 0).all() and (relaxed.distortion > 0).any()
+        assert not torch.equal(relaxed.accept_prob, strict.accept_prob)
+    mixed = torch.rand(rows, levels, generator=torch.Generator().manual_seed(4)) < 0.5
+    want = _reference(inputs, seed, offset, informed=mixed, **options)
+    device = _device(backend)
+    options = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in options.items()}
+    got = ck.verify_tree(**_on(inputs, device), seed=seed.to(device), offset=offset.to(device), backend=backend,
+                         informed=mixed.to(device), **options)
+    _assert_same(got, want)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_logits_on_the_path_set_status(backend):
     inputs = _tree_inputs(2, 2, 8, 3, 20, seed=1)
@@ -237,6 +277,8 @@ def _good():
     (lambda x: x.update(seed=torch.tensor([1, 2, 3])), "seed"),
     (lambda x: x.update(offset=1 << 63), "offset"),
     (lambda x: x.update(backend="tpu"), "backend"),
+    (lambda x: x.update(informed=torch.ones(2, 9, dtype=torch.bool)), r"informed must have shape \[B, M\]"),
+    (lambda x: x.update(informed=torch.ones(2, 2)), "informed must be a bool tensor"),
 ])
 def test_bad_arguments_raise_value_errors_naming_them(change, argument):
     kwargs = dict(_good(), seed=0, offset=0)
@@ -264,7 +306,8 @@ def _op_args(backend: str, sibling: bool = True) -> tuple:
                     draft_probs=x["draft_probs"], sibling_probs=x.get("sibling_probs"), neighbours=None,
                     children=layout.children, depth=layout.depth, branching=3, depth_limit=2, cfg_scale=2.0,
                     temperature=0.8, top_k=6, top_p=0.95, min_p=0.02, rule=checked.code, rule_params=checked.params,
-                    gather_distortion=False, seed=torch.tensor([4, 5]), offset=torch.tensor([2]))
+                    gather_distortion=False, seed=torch.tensor([4, 5]), offset=torch.tensor([2]),
+                    informed=torch.arange(2 * x["draft_probs"].shape[1]).reshape(2, -1) % 3 != 1)
     return (*args, backend)
 
 

@@ -36,6 +36,7 @@ TREE_ARGS = (
     Arg("draft_probs", "Tensor"), Arg("sibling_probs", "Tensor?"), Arg("neighbours", "Tensor?"),
     Arg("children", "Tensor"), Arg("depth", "Tensor", compiled=False), Arg("branching", "int", compiled=False),
     Arg("depth_limit", "int", compiled=False), *_TARGET, *_RULE, Arg("seed", "Tensor"), Arg("offset", "Tensor"),
+    Arg("informed", "Tensor?"),
 )
 VERIFY_RETURNS = 8  # the fields of reference.VerifyResult, in order
 TREE_RETURNS = 8  # the fields of reference.TreeResult, in order

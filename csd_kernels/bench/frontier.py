@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..config.acceptance import GRID_RULES, PARAMS, rule_named
+from ..config.acceptance import GRID_RULES, PARAMS, default_lantern_k, rule_named
 from ..config.generation import DEFAULT_COUPLING, run_label
 from ..config.modes import MODE_TABLE, exact_distortion
 from ..constants import DEFAULT_GROUP_DELTA, DEFAULT_GROUP_RANK
@@ -85,19 +85,32 @@ class Setting:
         return kwargs
 
 
-def rule_settings(rule_grids: dict) -> list[Setting]:
+def rule_settings(rule_grids: dict, vocab: int | None = None) -> list[Setting]:
     """For each rule of ``rule_grids`` ({rule: [{param: value}, ...]}, the other rules than strict, csd and gsd) one
     setting per point of its grid, in its mode with the default coupling, labelled by the table (e.g.
-    "lantern+maximal δ=0.1 k=1000"; a parameter the point leaves out takes its default)."""
+    "lantern+maximal δ=0.1 k=32"; a parameter the point leaves out takes its default; a lantern rule's default k
+    depends on the codebook, so a point without lantern_k needs ``vocab``, the model's codebook size)."""
     out = []
     for rule, points in rule_grids.items():
         spec, mode = rule_named(rule), MODE_TABLE[rule]
         coupling = DEFAULT_COUPLING if mode.coupling else None
         for point in points:
             values = {p.name: point.get(p.name, p.default) for p in spec.params}
+            if spec.needs_neighbours and "lantern_k" not in point:
+                if vocab is None:
+                    raise ValueError(f"{rule}: its default lantern_k depends on the codebook; pass vocab=")
+                values["lantern_k"] = default_lantern_k(rule, vocab)
             label = " ".join([_label(rule, coupling or "independent"), *spec.label.format(**values).split(" ")[1:]])
             out.append(Setting(label, rule, coupling, params=tuple(sorted(point.items()))))
     return out
+
+
+def model_vocab(model: str, **options) -> int:
+    """The codebook size of a zoo model (loads it): what rule_settings labels a lantern rule's default k by."""
+    from ..models import get_adapter
+    from ..zoo import load
+
+    return get_adapter(load(model, **options).model).vocab_size
 
 
 def grid_points(values: dict) -> list[dict]:
@@ -124,7 +137,7 @@ def rule_grids(values: dict) -> dict:
 
 def settings(lambdas=LAMBDAS, taus=TAUS, couplings=CSD_COUPLINGS, trees=TREES,
              tree_modes=TREE_MODES, gsd=(), sjd_couplings=SJD_COUPLINGS, windows=(),
-             rules: dict | None = None) -> list[Setting]:
+             rules: dict | None = None, vocab: int | None = None) -> list[Setting]:
     """ar, sjd (each next-draft coupling of ``sjd_couplings``: independent / maximal / gumbel), gsd (its defaults,
     then each (k, δ) of ``gsd`` but those), csd over couplings × λ × τ, each rule of ``rules`` over its grid
     (rule_settings), then with trees the chain sjd+maximal in the
@@ -138,7 +151,7 @@ def settings(lambdas=LAMBDAS, taus=TAUS, couplings=CSD_COUPLINGS, trees=TREES,
            for c in couplings for lam in lambdas for tau in taus]
     csd += [Setting(f"{s.label} W{w}", s.mode, s.coupling, s.entropy_coef, s.tvd_threshold, window=w)
             for w in windows for s in fixed[1:1 + len(sjd_couplings)] + csd]
-    csd += rule_settings(rules or {})
+    csd += rule_settings(rules or {}, vocab)
     tree_sjd = [Setting(f"sjd+maximal+tree {k}x{d}", "sjd", "maximal", tree=(k, d))
                 for k, d in trees if "sjd" in tree_modes]
     if trees:

@@ -32,6 +32,7 @@ from ..decoding.validation import check, check_backend, check_device, check_gene
 from ..fileio.inputs import shorten
 from ..fileio.outputs import Output
 from ..fileio.signals import if_stopped
+from ..models import get_adapter
 from ..ops.registry import select_backend
 from ..runner.summary import unmeasured_note
 from ..runner.usage import GENERATE_FILES, UsageError, as_flags, check_out, claim_generate_dir
@@ -371,8 +372,6 @@ def _runnable(runs, model) -> list:
     """``runs`` without the modes whose rule needs a codebook the model lacks (lantern, lantern++)."""
     from ..config.acceptance import rule_named
     from ..config.modes import MODE_TABLE
-    from ..models import get_adapter
-
     codebook = getattr(get_adapter(model), "codebook", None)
     has_codebook = callable(codebook) and codebook() is not None
     return [run for run in runs if has_codebook or MODE_TABLE[run[1]].rule is None
@@ -470,10 +469,12 @@ def cmd_sweep(args) -> dict:
 
     prompts = _sweep_prompts(args)
     lambdas, taus, couplings, gsd, windows, grid_values = sweep_lists(args)  # (checked before torch: check_flags)
-    grid = frontier.settings(lambdas, taus, couplings, _trees(args.trees), gsd=gsd, windows=windows,
-                             rules=frontier.rule_grids(grid_values))
+    trees, rules = _trees(args.trees), frontier.rule_grids(grid_values)  # (bad flags: before the model loads)
     check_out(os.path.dirname(args.out) or ".")
-    _load(args)  # a missing or foreign checkpoint is one line, before any work
+    entry = _load(args)  # a missing or foreign checkpoint is one line, before any work
+    # (a lantern rule's default k, in the settings' labels, is the codebook's)
+    grid = frontier.settings(lambdas, taus, couplings, trees, gsd=gsd, windows=windows, rules=rules,
+                             vocab=get_adapter(entry.model).vocab_size)
     with if_stopped(f"nothing was written to {os.path.dirname(args.out) or '.'}"):
         print(f"csd sweep: {_count(len(grid), 'setting')} x {_count(args.seeds, 'seed')} on "
               f"{_count(len(prompts), 'image')} each, {_count(args.workers, 'worker')}", file=sys.stderr, flush=True)

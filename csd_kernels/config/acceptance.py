@@ -13,6 +13,7 @@ exact), padded to :data:`MAX_PARAMS`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -25,9 +26,11 @@ from ..constants import (
 from .rules import ArgumentError, Rule, int_rule, real_rule
 
 __all__ = ["Param", "AcceptanceRule", "RULES", "RULE_NAMES", "GRID_RULES", "RULE_CODES", "MAX_PARAMS", "PARAMS",
-           "rule_named", "param_values", "params_by_name"]
+           "rule_named", "param_values", "params_by_name", "LANTERN_CODEBOOK", "default_lantern_k"]
 
 MAX_PARAMS = 4  # floats per rule in the kernels' rule_params
+# LANTERN published its k for LlamaGen's VQ codebook of 16384 codes; a default k keeps that share of a model's codebook
+LANTERN_CODEBOOK = 16384
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,8 @@ _LANTERN_LAMBDA = Param("lantern_lambda", 5.0, real_rule(1),
 
 def _lantern_k(default: int) -> Param:
     return Param("lantern_k", default, int_rule(1, 1 << 24), "LANTERN k: the draft's nearest codes in the codebook "
-                 "(V − 1 if fewer; at most the neighbour table's width)", "jadohu/LANTERN run.sh")
+                 f"(default: the published k at {LANTERN_CODEBOOK} codes, scaled to the codebook; at most the "
+                 "neighbour table's width)", "jadohu/LANTERN run.sh")
 
 
 RULES: tuple = (
@@ -152,3 +156,11 @@ def params_by_name(code: int, values) -> dict:
     """{name: value} of rule ``code``'s parameters from the kernels' ``rule_params`` (ints as ints)."""
     rule = RULES[code]
     return {p.name: int(v) if p.check.kind == "int" else float(v) for p, v in zip(rule.params, values)}
+
+
+def default_lantern_k(rule: str, vocab: int) -> int:
+    """A lantern rule's k when none is given, for a codebook of ``vocab`` codes: the published k times
+    V / LANTERN_CODEBOOK, rounded up, within [1, V − 1] (16384 codes: 1000 and 10; digits' 512: 32 and 1). A k near V
+    makes nearly every code a neighbour, so lantern's δ lends almost any draft the mass it lacks (issue 45)."""
+    k = rule_named(rule).param("lantern_k").default
+    return max(1, min(vocab - 1, math.ceil(k * vocab / LANTERN_CODEBOOK)))

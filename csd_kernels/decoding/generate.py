@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .. import reference as ref
-from ..config.acceptance import rule_named
+from ..config.acceptance import default_lantern_k, rule_named
 from ..config.generation import DEFAULT_COUPLING, DRAFT_INITS, MODES, GenerationConfig, check_generate, run_label
 from ..config.modes import MODE_TABLE
 from ..constants import COUPLINGS
@@ -156,11 +156,12 @@ def generate(
 
 def _neighbours(adapter, cfg: GenerationConfig) -> Optional[torch.Tensor]:
     """The codebook's neighbour table [V, k] the mode's rule needs (lantern, lantern++), else None: k = lantern_k
-    (None: the rule's default, V − 1 if smaller), from the adapter's ``codebook()`` (made once per codebook and k)."""
+    (None: default_lantern_k, the published k scaled to the codebook), from the adapter's ``codebook()`` (made once
+    per codebook and k)."""
     rule = MODE_TABLE[cfg.mode].rule
     if rule is None or not rule_named(rule).needs_neighbours:
         return None
-    k = cfg.lantern_k if cfg.lantern_k is not None else rule_named(rule).param("lantern_k").default
+    k = cfg.lantern_k if cfg.lantern_k is not None else default_lantern_k(rule, adapter.vocab_size)
     codebook = getattr(adapter, "codebook", None)
     table = model_neighbours(codebook() if callable(codebook) else None, k, adapter.vocab_size)
     if table is None:

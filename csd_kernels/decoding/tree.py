@@ -5,7 +5,8 @@ chain (the drafts the loop keeps at n, n+1, ..) and, at each of the first D leve
 tree: K candidates per position, the main draft and K - 1 more drawn without replacement from the position's q by
 Gumbel-top-K on the tree stream. One forward call with the ancestor mask (``forward_tree``), then one call of
 the fused op ck.verify_tree (reference.verify_tree defines it: p at the visited nodes, recursive rejection sampling
-at every accepted node, the main draft under the run's rule — strict for sjd, csd's relaxed test for csd — the
+at every accepted node, the main draft under the run's rule — strict for sjd, csd's relaxed test for csd, strict
+for a uniform fresh draft (informed_slots) — the
 correction from the last residual, a draw from p below a leaf, and H / TVD / distortion at the path nodes); the
 accepted path's keys and values move into place (``keep_path``), and the main chain after the stop draws the next
 drafts by the maximal coupling against its own p (ck.verify on the chain: the step stream, untouched by the walk),
@@ -31,6 +32,7 @@ from .step import (
     draft,
     draft_probs,
     forward,
+    informed_slots,
     sampling_kwargs,
     uniform_probs,
     window,
@@ -54,7 +56,8 @@ def tree_step(adapter, run: Settings, state: StaticState, layout: ref.TreeLayout
     cond, uncond = forward(lambda inputs: adapter.forward_tree(inputs, n - 1, depth, ancestor), state.seq, win,
                            nodes[:, 1:], float32=True)
     res = verify_tree(cond, nodes, q[:, :levels], layout, **sampling_kwargs(run, uncond, state.attempts),
-                      **run.rule, sibling_probs=None, backend=run.backend)
+                      **run.rule, sibling_probs=None, informed=informed_slots(win, drafted)[:, :levels],
+                      backend=run.backend)
     chain = _chain_drafts(cond, uncond, main, q, run, state)
     adapter.keep_path(n - 1, torch.where(win.active[:, None], res.path, -1))
     state.record(commit(state, win, drafted, _verified(res, chain, drafted, levels)), win.active)

@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 
 from .. import reference as ref
-from ..config.acceptance import MAX_PARAMS, PARAMS, param_values, rule_named
+from ..config.acceptance import MAX_PARAMS, PARAMS, default_lantern_k, param_values, rule_named
 from ..config.rules import real_rule
 
 __all__ = ["FLOAT_DTYPES", "SeedLike", "check_real", "philox_word", "word_tensor", "check_logits", "check_device",
@@ -139,13 +139,14 @@ def rule_keywords(keywords: dict, op: str) -> dict:
 def check_rule(rule: str, params: dict, neighbours, vocab: int, device: torch.device) -> CheckedRule:
     """The rule, its parameters (the table's checks: ArgumentError naming the keyword) and its neighbour table:
     an integer tensor [V, K] on the device, which lantern and lantern++ need (its first lantern_k columns; lantern_k
-    defaults to the rule's default capped at K) and the other rules ignore. Entries outside [0, V) lend nothing."""
+    defaults to default_lantern_k(rule, V) capped at K) and the other rules ignore. Entries outside [0, V) lend
+    nothing."""
     spec = rule_named(rule)
     table = None
     if spec.needs_neighbours:
         table = _check_neighbours(rule, neighbours, vocab, device)
         if params.get("lantern_k") is None:
-            params = dict(params, lantern_k=min(spec.param("lantern_k").default, table.shape[1]))
+            params = dict(params, lantern_k=min(default_lantern_k(rule, vocab), table.shape[1]))
     values = param_values(spec, params)
     if table is not None:
         k = values[spec.param_names().index("lantern_k")]

@@ -18,7 +18,7 @@ from ..backends.compiled import has_tree, verify_tree_rows
 from ..backends.spec import TREE_ARGS, TREE_RETURNS, Arg, TreeArgs, schema
 from ..config.acceptance import params_by_name
 from ..constants import SEED_LIMIT
-from .checks import SeedLike, check_device, check_logits, check_options, philox_word, word_tensor
+from .checks import SeedLike, check_device, check_informed, check_logits, check_options, philox_word, word_tensor
 from .registry import select_tree_backend
 
 __all__ = ["TreeResult", "verify_tree"]
@@ -35,7 +35,7 @@ def _torch_backend(a: TreeArgs) -> tuple:
                           cfg_scale=a.cfg_scale, temperature=a.temperature, top_k=a.top_k or None,
                           top_p=a.top_p if a.top_p < 1.0 else None, min_p=a.min_p or None, rule=ref.RULES[a.rule],
                           neighbours=a.neighbours, gather_distortion=a.gather_distortion,
-                          sibling_probs=a.sibling_probs, seed=a.seed, offset=a.offset,
+                          sibling_probs=a.sibling_probs, seed=a.seed, offset=a.offset, informed=a.informed,
                           **params_by_name(a.rule, a.rule_params))
     return (out.accept_len, out.path, out.tokens, out.accept_prob.float(), out.entropy.float(), out.tvd.float(),
             out.distortion.float(), out.status)
@@ -111,6 +111,7 @@ def verify_tree(
     sibling_probs: Optional[torch.Tensor] = None,
     seed: SeedLike,
     offset: SeedLike,
+    informed: Optional[torch.Tensor] = None,
     backend: Optional[str] = None,
     **rule_params,
 ) -> TreeResult:
@@ -125,7 +126,9 @@ def verify_tree(
     A node token outside [-1, V) is a missing candidate and sets STATUS_BAD_DRAFT_TOKEN in ``status``; a visited node
     with bad logits (NaN, +inf, no finite logit) sets STATUS_BAD_LOGITS; a level of draft_probs or sibling_probs
     with a negative or non-finite value, or not summing to 1 within PROB_SUM_TOLERANCE, is used as zero (its candidates
-    are rejected, the node emits from p) and sets STATUS_BAD_DRAFT_PROBS. Never syncs with the host.
+    are rejected, the node emits from p) and sets STATUS_BAD_DRAFT_PROBS. ``informed`` [B, M] bool: False where a
+    level's main draft was drawn without information (a uniform fresh draft); it is tested strictly under every rule,
+    as in verify (docs/op.md#uninformed-drafts); None: every level informed. Never syncs with the host.
 
     Shape: target_logits, uncond_logits [B, S, V] float32/bfloat16/float16 (S = the layout's slots); node_tokens
     [B, S] integer (slot 0 unused, -1: missing); draft_probs, sibling_probs [B, M, V] float32 (M = layout.levels);
@@ -153,6 +156,7 @@ def verify_tree(
     o = check_options("verify_tree", has_uncond=uncond_logits is not None, cfg_scale=cfg_scale,
                       temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, coupling="independent",
                       rule=rule, rule_params=rule_params, neighbours=neighbours, vocab=vocab, device=device)
+    informed = check_informed(informed, (batch, levels), device, where="[B, M]")
     seed = word_tensor(philox_word("seed", seed, device, allow_per_row=batch, limit=SEED_LIMIT), device)
     offset = word_tensor(philox_word("offset", offset, device, allow_per_row=batch, limit=SEED_LIMIT), device)
     chosen = select_tree_backend(backend, device)
@@ -164,7 +168,7 @@ def verify_tree(
                     children=tree.children.to(device), depth=tree.depth.to(device), branching=layout.branching,
                     depth_limit=layout.depth_limit, cfg_scale=o.cfg_scale, temperature=o.temperature, top_k=o.top_k,
                     top_p=o.top_p, min_p=o.min_p, rule=o.rule.code, rule_params=o.rule.params,
-                    gather_distortion=bool(gather_distortion), seed=seed, offset=offset)
+                    gather_distortion=bool(gather_distortion), seed=seed, offset=offset, informed=informed)
     if compiling:
         outputs = torch.ops.csd_kernels.verify_tree(*args, chosen)  # the registered op: traced through its fake
     else:  # eager: the same implementation without the dispatcher's per-call cost

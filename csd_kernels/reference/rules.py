@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 
-from ..config.acceptance import RULES, AcceptanceRule, param_values, rule_named
+from ..config.acceptance import RULES, AcceptanceRule, default_lantern_k, param_values, rule_named
 from .distributions import closed_form_distortion, entropy, total_variation
 
 __all__ = ["RULES", "rule_parameters", "Acceptance", "acceptance_at", "accepted_mass", "group_acceptance",
@@ -56,8 +56,8 @@ class Acceptance:
         if self.rule.needs_neighbours:
             if neighbours is None:
                 raise ValueError(f"rule {rule!r} needs neighbours (the codebook's neighbour table [V, k])")
-            if params.get("lantern_k") is None:  # the rule's k, capped at the table's width (as the op)
-                params = dict(params, lantern_k=min(self.rule.param("lantern_k").default, neighbours.shape[1]))
+            if params.get("lantern_k") is None:  # as the op: the codebook's default, capped at the width
+                params = dict(params, lantern_k=min(default_lantern_k(rule, p.shape[-1]), neighbours.shape[1]))
         self.params = rule_parameters(rule, params)
         self.p, self.q = p, q
         self.support = p > 0 if support is None else support

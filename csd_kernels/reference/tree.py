@@ -154,7 +154,7 @@ class TreeWalk:
 def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: TreeLayout, u_accept: torch.Tensor,
               u_sample: torch.Tensor, support: Optional[torch.Tensor] = None, rule: str = "strict",
               sibling_q: Optional[torch.Tensor] = None, neighbours: Optional[torch.Tensor] = None,
-              **rule_params) -> TreeWalk:
+              informed: Optional[torch.Tensor] = None, **rule_params) -> TreeWalk:
     """Verify a draft tree: from the root, at each accepted node RRS over its children in rank order (their shared
     q is that of their level); the first accepted child is the next node; all rejected: emit a draw from the last
     residual; a node without children: emit a draw from its p. The emitted tokens are distributed exactly as the
@@ -165,6 +165,8 @@ def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: Tr
     max(p − q·a, 0)), so each emitted token has exactly the law of the rule on a chain, and the same distortion); the
     siblings (ranks 1..) by strict RRS against ``sibling_q`` (default q), the law they were drawn from without
     replacement (tree_candidates on sibling_q): given any rejected main draft, strict RRS emits the residual's law.
+    ``informed`` [B, M] bool (None: all): False where a level's main draft was drawn without information; it is then
+    tested strictly, as verify's ``informed`` (docs/op.md#uninformed-drafts).
 
     Shape: p [B, S, V] the target at each slot's output (the law of its children's position); tokens [B, S] each
     slot's token (-1: missing candidate); q, sibling_q [B, M, V] the q of each draft level; u_accept, u_sample
@@ -196,6 +198,11 @@ def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: Tr
             main = _main_rule(p_j, q_j, sup, rule, neighbours, rule_params) if r == 0 else None
             relaxed = None if main is None else main.at(x[..., None])[..., 0]
             weights = None if main is None or not main.rule.residual_qa else main.residual()
+            if main is not None and informed is not None:  # an uninformed main draft: the strict test and residual
+                strict = Acceptance("strict", p_j, q_j, support=sup)
+                told = informed[:, min(level, levels - 1)]
+                relaxed = torch.where(told, relaxed, strict.at(x[..., None])[..., 0])
+                weights = None if weights is None else torch.where(told[:, None], weights, strict.residual())
             a, next_p, next_q = rrs_step(p_j, q_j, x, sup, relaxed, rest if r == 0 else None, weights)
             hit = (x >= 0) & (u_accept[rows, slot.clamp(min=0)] < a)
             chosen, chosen_a = torch.where(hit, slot, chosen), torch.where(hit, a, chosen_a)
@@ -267,19 +274,21 @@ def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_pr
                 temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
                 min_p: Optional[float] = None, rule: str = "strict", neighbours: Optional[torch.Tensor] = None,
                 gather_distortion: bool = False, sibling_probs: Optional[torch.Tensor] = None,
-                seed: torch.Tensor, offset: torch.Tensor, **rule_params) -> TreeResult:
+                seed: torch.Tensor, offset: torch.Tensor, informed: Optional[torch.Tensor] = None,
+                **rule_params) -> TreeResult:
     """The fused tree verification, defined: p at every slot (CFG, temperature, top-k / top-p / min-p), the walk
     on the tree stream's uniforms (tree_walk), and the stats of the nodes on the path.
 
     Shape: target_logits, uncond_logits [B, S, V]; node_tokens [B, S] (slot 0 unused, -1: missing candidate);
-    draft_probs, sibling_probs [B, M, V] (M = layout.levels); seed, offset [1] or [B] int64."""
+    draft_probs, sibling_probs [B, M, V] (M = layout.levels); seed, offset [1] or [B] int64; informed [B, M] bool or
+    None (tree_walk's: an uninformed level's main draft is tested strictly and spends no distortion)."""
     batch, slots, _ = target_logits.shape
     target = target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, torch.float32, top_p,
                                  min_p)
     node_tokens, q, sibling_q, status_in = tree_inputs(node_tokens, draft_probs, sibling_probs, target.p.shape[-1])
     u_accept, u_sample = tree_uniforms(seed, offset, batch, slots)
     walk = tree_walk(target.p, node_tokens, q, layout, u_accept, u_sample, target.support, rule, sibling_q,
-                     neighbours, **rule_params)
+                     neighbours, informed, **rule_params)
     rows = torch.arange(batch, device=q.device)[:, None]
     on_path = walk.path >= 0
     node = walk.path.clamp(min=0)
@@ -295,6 +304,8 @@ def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_pr
         distortion = torch.full_like(h, float("nan"))
     else:
         distortion = acc.distortion()
+    if informed is not None:  # node i's main draft is level i's; the last node has none
+        has_draft = has_draft & torch.cat([informed, torch.ones_like(informed[:, :1])], 1)
     distortion = torch.where(has_draft, distortion, 0)
     zero = torch.zeros_like(h)
     status = (target.bad[rows, node] & on_path).any(-1).to(torch.int32) * STATUS_BAD_LOGITS

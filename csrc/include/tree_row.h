@@ -39,6 +39,7 @@ struct TreeProblem {
   int64_t n_seed;
   const int64_t* offset;        // [n_offset]: 1 or B (the row's attempt count)
   int64_t n_offset;
+  const uint8_t* informed;      // [B, M] contiguous bool or nullptr (every level informed): false = tested strictly
   float* workspace;             // [B, 3, V] scratch: z, then p_j, q_j of the visited node
   void* gsd_workspace;          // gsd: B blocks of gsd_scratch_bytes(V, gsd_keys), else nullptr
   int64_t gsd_keys;
@@ -193,19 +194,21 @@ CSD_HD void tree_row(const TreeProblem& P, int64_t b, X& ex) {
       const float d = f_sub(pj[v], q[v]);
       return d >= 0.0f ? d : -d;
     }));
-    const RuleRow rr = rule_row(prm.rule, prm.rule_params, n.h, tvd);
+    // an uninformed main draft (a uniform fresh one) is tested strictly, as verify's ``informed``
+    const int rule = i < M && P.informed != nullptr && P.informed[b * M + i] == 0 ? int(kRuleStrict) : prm.rule;
+    const RuleRow rr = rule_row(rule, prm.rule_params, n.h, tvd);
     const int64_t main_child = P.children[cur * K];
     const bool has_draft = main_child >= 0 && tokens_in[main_child] >= 0 && tokens_in[main_child] < V;
-    const bool gsd = prm.rule == kRuleGsd && i < M && has_draft;
+    const bool gsd = rule == kRuleGsd && i < M && has_draft;
     if (gsd)  // the groups of the node's p and q: the main draft's a(x) and the gsd residual
       gsd_groups(V, static_cast<int64_t>(prm.rule_params[0]), prm.rule_params[1], [&](int64_t v) { return pj[v]; },
                  [&](int64_t v) { return q[v]; }, gs, ex);
     auto qa = [&](int64_t v) { return gsd && n.in_support(z, v) ? f_mul(q[v], gs.a[v]) : 0.0f; };
     float distortion = 0.0f;
-    if (i < M && has_draft && !rule_lossless(prm.rule)) {
-      if (rule_gathers_distortion(prm.rule) && !prm.gather_distortion) {
+    if (i < M && has_draft && !rule_lossless(rule)) {
+      if (rule_gathers_distortion(rule) && !prm.gather_distortion) {
         distortion = f_nan();  // a(y) for every y (lantern: k gathers each; gsd: the sorted row): when asked
-      } else if (rule_is_lantern(prm.rule)) {
+      } else if (rule_is_lantern(rule)) {
         distortion = static_cast<float>(ex.sum(V, [&](int64_t v) {
           return n.in_support(z, v) ? lantern_distortion_term(rr, prm.neighbours + v * prm.nb_stride, prm.nb_k, V,
                                                                pj[v], q[v], [&](int64_t t) { return pj[t]; })
@@ -216,7 +219,7 @@ CSD_HD void tree_row(const TreeProblem& P, int64_t b, X& ex) {
           const float t = f_sub(qa(v), pj[v]);
           return t > 0.0f ? t : 0.0f;
         }));
-      } else if (prm.rule != kRuleCsd || rr.gate) {
+      } else if (rule != kRuleCsd || rr.gate) {
         distortion = static_cast<float>(ex.sum(V, [&](int64_t v) {
           return rule_distortion_term(rr, pj[v], q[v], n.in_support(z, v));
         }));
@@ -243,7 +246,7 @@ CSD_HD void tree_row(const TreeProblem& P, int64_t b, X& ex) {
       float a = strict_acceptance(p_x, q_x);
       if (r == 0) {  // the main draft by the rule (e.g. csd: + lambda*H where TVD < tau), siblings strict
         float extra = gsd ? gs.a[x] : 0.0f;
-        if (rule_is_lantern(prm.rule) && q_x > 0.0f)
+        if (rule_is_lantern(rule) && q_x > 0.0f)
           extra = lantern_bonus(prm.neighbours + x * prm.nb_stride, prm.nb_k, V, lantern_limit(rr, p_x), f_inf(),
                                 [&](int64_t t) { return pj[t]; });
         a = rule_acceptance(rr, p_x, q_x, extra);
@@ -254,7 +257,7 @@ CSD_HD void tree_row(const TreeProblem& P, int64_t b, X& ex) {
         chosen_a = a;
         break;
       }
-      reject_candidate(r == 0 ? prm.rule : kRuleStrict, pj, qc, r == 0 ? rest_main : qc, x, V, pj, qj, qa, ex);
+      reject_candidate(r == 0 ? rule : kRuleStrict, pj, qc, r == 0 ? rest_main : qc, x, V, pj, qj, qa, ex);
       qc = qj;
     }
     if (chosen < 0) {  // emit a draw from the last residual (from p when nothing was tested) and stop

@@ -225,7 +225,7 @@ def compile_tree_kernel(vocab: int = 16384, *, greedy: bool = False, top_k: bool
     block = tree_block(vocab)
     constexprs = {"HAS_UNCOND": True, "GREEDY": greedy, "TOP_K": top_k and not greedy, "TOP_P": top_k and not greedy,
                   "MIN_P": top_k and not greedy, "RULE": RULE_CODES[rule], "PER_ROW_SEED": True, "BLOCK_V": block,
-                  "BLOCK_M": 64, "s_qv": 1, "s_sv": 1, "GATHER_DIST": False}
+                  "BLOCK_M": 64, "s_qv": 1, "s_sv": 1, "GATHER_DIST": False, "HAS_INFORMED": False}
     logits = "*" + _DTYPE[logits_dtype]
     floats = {"cfg_scale", "inv_t", "top_p", "log_min_p", "rule_p0", "rule_p1"}
     signature = {}

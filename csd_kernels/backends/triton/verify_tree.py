@@ -70,7 +70,9 @@ def verify_tree_triton(a: TreeArgs):
     constexprs = dict(HAS_UNCOND=a.uncond_logits is not None, GREEDY=greedy,
                       TOP_K=(not greedy) and 0 < a.top_k < vocab, TOP_P=(not greedy) and a.top_p < 1.0,
                       MIN_P=(not greedy) and a.min_p > 0.0, RULE=int(a.rule), PER_ROW_SEED=seed.numel() != 1,
-                      BLOCK_V=block, BLOCK_M=max(2, pow2(levels + 1)), GATHER_DIST=bool(a.gather_distortion))
+                      BLOCK_V=block, BLOCK_M=max(2, pow2(levels + 1)), GATHER_DIST=bool(a.gather_distortion),
+                      HAS_INFORMED=a.informed is not None)
+    informed = a.informed.view(torch.uint8) if a.informed is not None else depth  # a byte per level; else unread
     with device_guard(device):
         tree_kernel[(batch,)](
             target_logits, target_logits.stride(0), target_logits.stride(1),
@@ -85,5 +87,6 @@ def verify_tree_triton(a: TreeArgs):
             int(a.top_k), fp32(a.top_p), fp32(math.log(a.min_p)) if a.min_p > 0 else float("-inf"),
             float(a.rule_params[0]), float(a.rule_params[1]), nb, nb.stride(0) if a.neighbours is not None else 0,
             a.neighbours.shape[1] if a.neighbours is not None else 0,
+            informed, *(informed.stride() if a.informed is not None else (0, 0)),
             **constexprs, num_warps=register_num_warps(block), enable_fp_fusion=False)
     return accept_len, path, tokens, *floats, status

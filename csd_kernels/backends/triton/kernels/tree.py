@@ -158,14 +158,15 @@ def tree_kernel(
     seed_ptr, seed_stride, offset_ptr, offset_stride,
     scratch_ptr,
     accept_len_ptr, path_ptr, tokens_ptr, acc_ptr, ent_ptr, tvd_ptr, dist_ptr, status_ptr,
-    M, K, V, cfg_scale, inv_t, top_k, top_p, log_min_p, rule_p0, rule_p1, nb_ptr, s_nbr, nb_k,
+    M, K, V, cfg_scale, inv_t, top_k, top_p, log_min_p, rule_p0, rule_p1, nb_ptr, s_nbr, nb_k, inf_ptr, s_ib, s_il,
     HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr,
     RULE: tl.constexpr, PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_M: tl.constexpr,
-    GATHER_DIST: tl.constexpr = False,
+    GATHER_DIST: tl.constexpr = False, HAS_INFORMED: tl.constexpr = False,
 ):
     """Grid (B,): the tree walk of row b (module docstring). Outputs [B, M + 1] are kept in registers and stored once;
     ``scratch_ptr`` [B, 2, V] fp32 holds the walk's current p and q. The main draft is tested by ``RULE`` (not
-    gsd: its groups need the node's row sorted), the siblings strictly (rules.py's parameters)."""
+    gsd: its groups need the node's row sorted), the siblings strictly (rules.py's parameters); a level whose
+    ``inf_ptr`` byte [B, M] is 0 (HAS_INFORMED) has an uninformed main draft, tested strictly too."""
     b = tl.program_id(0).to(tl.int64)
     RESTRICT: tl.constexpr = TOP_K or TOP_P or MIN_P
     k0, k1, row_id = row_key(seed_ptr, seed_stride, b, PER_ROW_SEED)
@@ -204,7 +205,8 @@ def tree_kernel(
             main = tl.load(children_ptr + cur * s_kn)
             x_main = tl.load(node_ptr + b * s_nb + tl.maximum(main, 0) * s_ns, mask=main >= 0, other=-1)
             dist = tl.zeros((), tl.float32)
-            gate = (x_main >= 0) & (level < M)
+            informed = rules.slot_informed(inf_ptr, s_ib, s_il, b, q_level, HAS_INFORMED)
+            gate = (x_main >= 0) & (level < M) & informed
             if RULE == rules.CSD:
                 gate = gate & (tvd < rule_p1)
             if rules.has_token_terms(RULE) or (rules.is_lantern(RULE) and GATHER_DIST):
@@ -213,7 +215,7 @@ def tree_kernel(
                                        bad, inv_v, h, rule_p0, rule_p1, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
                                        RESTRICT, RULE, BLOCK_V)
             elif rules.is_lantern(RULE):
-                dist = tl.where((x_main >= 0) & (level < M), float("nan"), 0.0)  # k gathers per token: on request
+                dist = tl.where((x_main >= 0) & (level < M) & informed, float("nan"), 0.0)  # k gathers: on request
             ent_v = tl.where(idx == i, h, ent_v)
             tvd_v = tl.where(idx == i, tvd, tvd_v)
             dist_v = tl.where(idx == i, dist, dist_v)
@@ -235,7 +237,7 @@ def tree_kernel(
                                                         rules.lantern_limit(p_x, rule_p0, RULE), scr_p, scr_p, 0.0,
                                                         1.0, 0, 0.0, 0, V, 1.0, 1.0, False, False, True, False, False)
                     a_rule, a_strict = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra, RULE)
-                    a = tl.where(r == 0, a_rule, a_strict)  # the rule relaxes the main draft only
+                    a = tl.where((r == 0) & informed, a_rule, a_strict)  # the rule relaxes an informed main draft
                     u_acc, _u = tree_uniforms(slot, off_lo, tag, k0, k1)
                     if u_acc < a:
                         chosen = slot
