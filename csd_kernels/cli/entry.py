@@ -15,7 +15,7 @@ from typing import Optional
 
 from ..config.rules import ArgumentError
 from ..fileio.inputs import InputError
-from ..fileio.outputs import OutputError
+from ..fileio.outputs import OutputError, untouched
 from ..fileio.signals import Interrupted, raise_on_signals
 from ..runner.usage import UsageError, flag_error
 from .parser import build_parser, check_flags
@@ -30,7 +30,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     with raise_on_signals():
         try:
             return _run(args)
-        except Interrupted as exc:
+        except Interrupted as exc:  # stopped before the command said what it keeps: it has written nothing yet
+            exc.kept = exc.kept or (untouched(args.out) if getattr(args, "out", None) else "")
             return _say(args, str(exc), exc.status)
         except KeyboardInterrupt:  # (a SIGINT the handler did not see, e.g. outside the main thread)
             return _say(args, str(Interrupted(signal.SIGINT)), 128 + signal.SIGINT)

@@ -23,7 +23,7 @@ from typing import Optional, Pattern, Union
 
 from .signals import Interrupted, signals_held
 
-__all__ = ["Output", "OutputError", "write_atomic", "describe_failure", "STAGING_PREFIX", "TMP_SUFFIX"]
+__all__ = ["Output", "OutputError", "untouched", "write_atomic", "describe_failure", "STAGING_PREFIX", "TMP_SUFFIX"]
 
 STAGING_PREFIX = ".csd-staging-"  # + pid: an Output's staging folder inside its output folder
 TMP_SUFFIX = ".tmp"  # write_atomic's temporary file: .NAME.PID.tmp next to NAME
@@ -86,6 +86,14 @@ def write_atomic(path: str, data: Union[bytes, str], kept: str = "") -> None:
         if isinstance(exc, OSError):
             raise OutputError(describe_failure(exc, path), kept) from exc
         raise
+
+
+def untouched(folder: str, earlier: Optional[bool] = None) -> str:
+    """What the user has in ``folder`` when a run wrote nothing there: ``earlier``, whether it holds an earlier run
+    (by default: whether it holds anything)."""
+    if earlier is None:
+        earlier = os.path.isdir(folder) and bool(os.listdir(folder))
+    return f"the earlier run in {folder} is unchanged" if earlier else f"nothing was written to {folder}"
 
 
 class Output:
@@ -218,7 +226,7 @@ class Output:
         earlier = os.path.isdir(self.folder) and any(
             name in self.names or (self.replaces is not None and self.replaces.fullmatch(name))
             for name in os.listdir(self.folder))
-        return f"the earlier run in {self.folder} is unchanged" if earlier else f"nothing was written to {self.folder}"
+        return untouched(self.folder, earlier)
 
     def __enter__(self) -> "Output":
         return self
