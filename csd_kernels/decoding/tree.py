@@ -10,7 +10,8 @@ for a uniform fresh draft (informed_slots) — the
 correction from the last residual, a draw from p below a leaf, and H / TVD / distortion at the path nodes); the
 accepted path's keys and values move into place (``keep_path``), and the main chain after the stop draws the next
 drafts by the maximal coupling against its own p (ck.verify on the chain: the step stream, untouched by the walk),
-whose p is the next q (docs/trees.md).
+whose p is the next q (docs/trees.md). With drafts from the row above (draft_init "above" / "above-p") and K = 2,
+a level's sibling is the committed token one grid row up where it differs from the main draft (:func:`above_law`).
 
 Shapes: B rows, W window slots, M main-chain draft nodes (W - 1 minus the siblings), V image tokens.
 """
@@ -51,21 +52,49 @@ def tree_step(adapter, run: Settings, state: StaticState, layout: ref.TreeLayout
         q = uniform_probs(n.shape[0], run.window, run.vocab, n.device)
     main, q = drafted.tokens[:, :levels], q[:, :levels + 1].float()  # the chain's M drafts, and a slot past them
 
-    nodes = _node_tokens(run, state, layout, main, q[:, :levels])  # [B, W]
+    siblings = _sibling_probs(run, state, win, layout, main, q[:, :levels])  # None: q
+    nodes = _node_tokens(run, state, layout, main, q[:, :levels] if siblings is None else siblings)  # [B, W]
     depth, ancestor = layout.depth.to(n.device), layout.ancestor.to(n.device)
     cond, uncond = forward(lambda inputs: adapter.forward_tree(inputs, n - 1, depth, ancestor), state.seq, win,
                            nodes[:, 1:], float32=True)
     res = verify_tree(cond, nodes, q[:, :levels], layout, **sampling_kwargs(run, uncond, state.attempts),
-                      **run.rule, sibling_probs=None, informed=informed_slots(win, drafted)[:, :levels],
+                      **run.rule, sibling_probs=siblings, informed=informed_slots(win, drafted)[:, :levels],
                       backend=run.backend)
     chain = _chain_drafts(cond, uncond, main, q, run, state)
     adapter.keep_path(n - 1, torch.where(win.active[:, None], res.path, -1))
     state.record(commit(state, win, drafted, _verified(res, chain, drafted, levels)), win.active)
 
 
+def _sibling_probs(run: Settings, state: StaticState, win, layout: ref.TreeLayout, main, q):
+    """[B, M, V] the law each level's siblings are drawn from and tested against, or None (q, as verify_tree's
+    default). With 2-D drafting (draft_init "above" / "above-p") and K = 2: :func:`above_law` of the committed
+    token one grid row up. Uniform fresh drafts, or K > 2: None — verify_tree takes one sibling law per level (rank
+    r >= 1 is drawn from it without the ranks before it), so a one-hot law gives one sibling and leaves the others
+    missing; a rank-1 token from above with ranks 2.. from q would need a law per rank."""
+    if run.draft_init == "uniform" or layout.branching != 2:
+        return None
+    above_pos = win.grid_pos[:, :main.shape[1]] - run.width
+    token = state.seq.gather(1, above_pos.clamp(0, state.seq.shape[1] - 1))
+    known = (above_pos >= 0) & (above_pos < state.n[:, None])  # committed: fixed before this pass's forward
+    return above_law(q, main, token, known)
+
+
+def above_law(q: torch.Tensor, main: torch.Tensor, token: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    """The siblings' law [B, M, V]: one-hot at ``token`` (the committed token above) where it is ``known``, there is
+    a main draft and it differs from it; q elsewhere. Why it is lossless: the walk tests the sibling strictly
+    against the main draft's residual r with this same law (verify_tree's sibling_probs, without the main draft:
+    still the one-hot), so it accepts ``token`` with probability r(token) and otherwise draws from r without it —
+    r exactly, for any law fixed before the forward, and this one is (a committed token, the main draft).
+    Shapes: q [B, M, V], main, token [B, M] (main -1: none), known [B, M] bool."""
+    use = known & (main >= 0) & (token != main)
+    one_hot = torch.nn.functional.one_hot(token.clamp(min=0), q.shape[-1]).to(q.dtype)
+    return torch.where(use[..., None], one_hot, q)
+
+
 def _node_tokens(run: Settings, state: StaticState, layout: ref.TreeLayout, main, q) -> torch.Tensor:
-    """[B, W] each slot's token: slot 0 unused (-1 here), the main draft or a sibling candidate of its level; no
-    siblings where the position has no main draft, nor at level 1 (one node: the root's only child)."""
+    """[B, W] each slot's token: slot 0 unused (-1 here), the main draft or a sibling candidate of its level, drawn
+    from ``q`` [B, M, V] (the siblings' law); no siblings where the position has no main draft, nor at level 1 (one
+    node: the root's only child)."""
     depth = layout.depth.to(main.device)
     rank = layout.rank.to(main.device)
     batch, tree_levels, branching = main.shape[0], layout.depth_limit, layout.branching
