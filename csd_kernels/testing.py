@@ -10,7 +10,7 @@ import torch
 from . import reference as ref
 from .config.acceptance import rule_named
 from .ops.checks import check_rule
-from .ops.verify import VerifyArgs
+from .ops.verify import Settings, VerifyArgs
 
 __all__ = ["make_case", "reference_result", "backend_args", "compare", "rule_inputs", "STAT_NAMES"]
 
@@ -129,13 +129,15 @@ def backend_args(case: dict, *, cfg_scale: float = 1.0, temperature: float = 1.0
     vocab = case["target_logits"].shape[-1]
     rule_args = check_rule(rule, rule_params, neighbours, vocab, case["target_logits"].device)
     seed, offset = words or (case["seed"], case["offset"])
+    settings = Settings(cfg_scale=cfg_scale, temperature=temperature, top_p=1.0 if top_p is None else top_p,
+                        min_p=min_p or 0.0, top_k=top_k or 0, rule=rule_args.code,
+                        coupling=ref.COUPLINGS.index(coupling), target_is_probs=target_is_probs,
+                        gather_distortion=gather_distortion, return_probs=return_probs, rule_params=rule_args.params)
     return VerifyArgs(target_logits=case["target_logits"], draft_tokens=case["draft_tokens"],
                       draft_probs=case["draft_probs"], uncond_logits=case.get("uncond_logits"),
-                      neighbours=rule_args.neighbours, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k or 0,
-                      top_p=1.0 if top_p is None else top_p, min_p=min_p or 0.0, target_is_probs=target_is_probs,
-                      rule=rule_args.code, rule_params=rule_args.params, gather_distortion=gather_distortion,
-                      start=case["start"], coupling=ref.COUPLINGS.index(coupling), positions=case["positions"],
-                      seed=seed, offset=offset, return_probs=return_probs, informed=informed)
+                      neighbours=rule_args.neighbours, informed=informed, start=case["start"],
+                      positions=case["positions"], seed=seed, offset=offset, settings=settings.floats(),
+                      choices=settings.ints())
 
 
 def compare(got: ref.VerifyResult, expected: ref.VerifyResult, *, exact: bool = True, rtol: float = 1e-4,

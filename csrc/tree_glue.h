@@ -26,9 +26,8 @@ using TreeTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at:
   TreeTuple NAME(const at::Tensor& target_logits, const std::optional<at::Tensor>& uncond_logits,                  \
                  const at::Tensor& node_tokens, const at::Tensor& draft_probs,                                     \
                  const std::optional<at::Tensor>& sibling_probs, const std::optional<at::Tensor>& neighbours,      \
-                 const at::Tensor& children, double cfg_scale, double temperature, int64_t top_k, double top_p,    \
-                 double min_p, int64_t rule, c10::ArrayRef<double> rule_params, bool gather_distortion,           \
-                 const at::Tensor& seed, const at::Tensor& offset, const std::optional<at::Tensor>& informed)
+                 const at::Tensor& children, const std::optional<at::Tensor>& informed, const at::Tensor& seed,    \
+                 const at::Tensor& offset, c10::ArrayRef<double> settings, c10::ArrayRef<int64_t> choices)
 
 CSD_VERIFY_TREE_ROWS_SIGNATURE(verify_tree_rows_cpu);
 #ifdef CSD_WITH_CUDA
@@ -55,11 +54,11 @@ inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std
                                       const at::Tensor& node_tokens, const at::Tensor& draft_probs,
                                       const std::optional<at::Tensor>& sibling_probs,
                                       const std::optional<at::Tensor>& neighbours, const at::Tensor& children,
-                                      double cfg_scale, double temperature, int64_t top_k, double top_p, double min_p,
-                                      int64_t rule, c10::ArrayRef<double> rule_params, bool gather_distortion,
-                                      const at::Tensor& seed, const at::Tensor& offset,
-                                      const std::optional<at::Tensor>& informed) {
+                                      const std::optional<at::Tensor>& informed, const at::Tensor& seed,
+                                      const at::Tensor& offset, c10::ArrayRef<double> settings,
+                                      c10::ArrayRef<int64_t> choices) {
   const char* op = "csd_kernels.verify_tree_rows: ";
+  const Settings s = read_settings(settings, choices, op);
   TORCH_CHECK(target_logits.dim() == 3, op, "target_logits must be [B, S, V], got ", target_logits.sizes());
   const int64_t B = target_logits.size(0), S = target_logits.size(1), V = target_logits.size(2);
   TORCH_CHECK(V >= 1 && S >= 1, op, "target_logits must have S >= 1 slots and V >= 1 tokens");
@@ -110,10 +109,7 @@ inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std
                 op, "informed must be bool [B, M] = [", B, ", ", M, "], got ", informed->scalar_type(), " ",
                 informed->sizes());
   }
-  TORCH_CHECK(temperature >= 0.0, op, "temperature must be >= 0, got ", temperature);
-  TORCH_CHECK(top_k >= 0, op, "top_k must be >= 0 (0 = no restriction), got ", top_k);
-  TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, op, "top_p must lie in (0, 1] (1 = no restriction), got ", top_p);
-  TORCH_CHECK(min_p >= 0.0 && min_p <= 1.0, op, "min_p must lie in [0, 1] (0 = no restriction), got ", min_p);
+  TORCH_CHECK(!s.target_is_probs, op, "target probabilities are not taken by the tree op");
 
   PreparedTree c;
   const at::TensorOptions base = target_logits.options();
@@ -141,13 +137,7 @@ inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std
   P.M = M;
   P.K = K;
   VerifyParams& prm = P.prm;
-  prm.vocab = V;
-  prm.has_uncond = uncond_logits.has_value() ? 1 : 0;
-  prm.cfg_scale = static_cast<float>(cfg_scale);
-  prm.greedy = temperature == 0.0 ? 1 : 0;
-  prm.inv_temperature = temperature > 0.0 ? static_cast<float>(1.0 / temperature) : 1.0f;
-  prm.top_k = (top_k > 0 && top_k < V) ? top_k : 0;
-  set_rule(prm, rule, rule_params, gather_distortion, neighbours, V, device, op);
+  set_target(prm, s, V, uncond_logits.has_value(), neighbours, device, op);
   P.gsd_workspace = nullptr;
   P.gsd_keys = 0;
   if (prm.rule == kRuleGsd) {
@@ -155,11 +145,6 @@ inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std
     c.gsd_workspace = at::empty({B * gsd_scratch_bytes(V, P.gsd_keys)}, base.dtype(at::kByte));
     P.gsd_workspace = c.gsd_workspace.data_ptr();
   }
-  prm.coupling = kCouplingIndependent;
-  prm.top_p = static_cast<float>(top_p);
-  prm.log_min_p = min_p > 0.0 ? static_cast<float>(std::log(min_p)) : -std::numeric_limits<float>::infinity();
-  prm.probs_input = 0;
-  prm.prob_sum_tolerance = kProbSumTolerance;
   P.logit_dtype = logit_dtype_code(target_logits, "target_logits", "csd_kernels.verify_tree_rows");
   P.logits = logit_rows(target_logits);
   P.uncond = logit_rows(uncond_logits);

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "include/verify_row.h"
+#include "settings.h"
 
 namespace csd {
 
@@ -48,18 +49,19 @@ inline int logit_dtype_code(const at::Tensor& t, const char* name, const char* o
 
 // The rule, its parameters and its neighbour table into prm (shared by the chain and the tree glue). The table must
 // be int64 [V, k] with a unit last stride on `device`; lantern and lantern++ need it, the other rules ignore it.
-inline void set_rule(VerifyParams& p, int64_t rule, c10::ArrayRef<double> rule_params, bool gather_distortion,
-                     const std::optional<at::Tensor>& neighbours, int64_t V, at::Device device, const char* op) {
+inline void set_rule(VerifyParams& p, const Settings& s, const std::optional<at::Tensor>& neighbours, int64_t V,
+                     at::Device device, const char* op) {
+  const int64_t rule = s.rule;
   TORCH_CHECK(rule >= 0 && rule < kRuleCount, op, "rule must be a code of config/acceptance.py's table in [0, ",
               int(kRuleCount), "), got ", rule);
-  TORCH_CHECK(static_cast<int64_t>(rule_params.size()) <= kMaxRuleParams, op, "at most ", int(kMaxRuleParams),
-              " rule_params, got ", rule_params.size());
-  TORCH_CHECK(static_cast<int>(rule_params.size()) >= kRuleInfo[rule].params, op, "rule ", kRuleInfo[rule].name,
-              " takes ", kRuleInfo[rule].params, " rule_params, got ", rule_params.size());
+  TORCH_CHECK(static_cast<int64_t>(s.rule_params.size()) <= kMaxRuleParams, op, "at most ", int(kMaxRuleParams),
+              " rule parameters, got ", s.rule_params.size());
+  TORCH_CHECK(static_cast<int>(s.rule_params.size()) >= kRuleInfo[rule].params, op, "rule ", kRuleInfo[rule].name,
+              " takes ", kRuleInfo[rule].params, " rule parameters, got ", s.rule_params.size());
   p.rule = static_cast<int>(rule);
   for (int j = 0; j < kMaxRuleParams; ++j)
-    p.rule_params[j] = j < static_cast<int>(rule_params.size()) ? static_cast<float>(rule_params[j]) : 0.0f;
-  p.gather_distortion = gather_distortion ? 1 : 0;
+    p.rule_params[j] = j < static_cast<int>(s.rule_params.size()) ? static_cast<float>(s.rule_params[j]) : 0.0f;
+  p.gather_distortion = s.gather_distortion ? 1 : 0;
   p.neighbours = nullptr;
   p.nb_stride = p.nb_k = 0;
   if (rule_is_lantern(p.rule)) {
@@ -75,15 +77,31 @@ inline void set_rule(VerifyParams& p, int64_t rule, c10::ArrayRef<double> rule_p
   }
 }
 
+// The target distribution's settings into prm (shared by the chain and the tree glue): CFG, 1/T rounded once,
+// top-k / top-p / ln(min-p) as the kernels read them, then the rule.
+inline void set_target(VerifyParams& p, const Settings& s, int64_t V, bool has_uncond,
+                       const std::optional<at::Tensor>& neighbours, at::Device device, const char* op) {
+  p.vocab = V;
+  p.has_uncond = has_uncond ? 1 : 0;
+  p.cfg_scale = static_cast<float>(s.cfg_scale);
+  p.greedy = s.temperature == 0.0 ? 1 : 0;
+  p.inv_temperature = s.temperature > 0.0 ? static_cast<float>(1.0 / s.temperature) : 1.0f;
+  p.top_k = (s.top_k > 0 && s.top_k < V) ? s.top_k : 0;
+  p.top_p = static_cast<float>(s.top_p);
+  p.log_min_p = s.min_p > 0.0 ? static_cast<float>(std::log(s.min_p)) : -std::numeric_limits<float>::infinity();
+  p.probs_input = s.target_is_probs ? 1 : 0;
+  p.prob_sum_tolerance = kProbSumTolerance;
+  p.coupling = kCouplingIndependent;
+  set_rule(p, s, neighbours, V, device, op);
+}
+
 inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
                                      const std::optional<at::Tensor>& draft_probs,
                                      const std::optional<at::Tensor>& uncond_logits,
-                                     const std::optional<at::Tensor>& neighbours, double cfg_scale,
-                                     double temperature, int64_t top_k, double top_p, double min_p,
-                                     bool target_is_probs, int64_t rule, c10::ArrayRef<double> rule_params,
-                                     bool gather_distortion, const at::Tensor& start, int64_t coupling,
+                                     const std::optional<at::Tensor>& neighbours,
+                                     const std::optional<at::Tensor>& informed, const at::Tensor& start,
                                      const at::Tensor& positions, const at::Tensor& seed, const at::Tensor& offset,
-                                     const std::optional<at::Tensor>& informed, at::Device device) {
+                                     const Settings& s, at::Device device) {
   const char* op = "csd_kernels.verify_rows: ";
   TORCH_CHECK(target_logits.dim() == 3, op, "target_logits must be [B, L, V], got ", target_logits.sizes());
   CheckedArgs a;
@@ -140,31 +158,15 @@ inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::
                 op, "informed must be bool [B, L] = [", a.B, ", ", a.L, "], got ", informed->scalar_type(), " ",
                 informed->sizes());
   }
-  TORCH_CHECK(coupling >= 0 && coupling <= 2, op,
-              "coupling must be 0 (independent), 1 (maximal) or 2 (gumbel), got ", coupling);
-  TORCH_CHECK(temperature >= 0.0, op, "temperature must be >= 0, got ", temperature);
-  TORCH_CHECK(top_k >= 0, op, "top_k must be >= 0 (0 = no restriction), got ", top_k);
-  TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, op, "top_p must lie in (0, 1] (1 = no restriction), got ", top_p);
-  TORCH_CHECK(min_p >= 0.0 && min_p <= 1.0, op, "min_p must lie in [0, 1] (0 = no restriction), got ", min_p);
-  TORCH_CHECK(!target_is_probs || (target_logits.scalar_type() == at::kFloat && !uncond_logits.has_value() &&
-                                   temperature == 1.0 && top_k == 0 && top_p == 1.0 && min_p == 0.0),
+  TORCH_CHECK(!s.target_is_probs || (target_logits.scalar_type() == at::kFloat && !uncond_logits.has_value() &&
+                                     s.temperature == 1.0 && s.top_k == 0 && s.top_p == 1.0 && s.min_p == 0.0),
               op, "target probabilities must be float32, with no uncond_logits, temperature 1 and no top-k/p/min-p");
 
   VerifyParams& p = a.prm;
-  p.vocab = a.V;
-  p.has_uncond = uncond_logits.has_value() ? 1 : 0;
-  p.cfg_scale = static_cast<float>(cfg_scale);
-  p.greedy = temperature == 0.0 ? 1 : 0;
-  p.inv_temperature = temperature > 0.0 ? static_cast<float>(1.0 / temperature) : 1.0f;
-  p.top_k = (top_k > 0 && top_k < a.V) ? top_k : 0;
-  set_rule(p, rule, rule_params, gather_distortion, neighbours, a.V, device, op);
-  TORCH_CHECK(!(coupling == kCouplingMaximal && rule_residual_qa(p.rule)), op, "rule ", kRuleInfo[rule].name,
+  set_target(p, s, a.V, uncond_logits.has_value(), neighbours, device, op);
+  TORCH_CHECK(!(s.coupling == kCouplingMaximal && rule_residual_qa(p.rule)), op, "rule ", kRuleInfo[p.rule].name,
               " resamples from max(p - q*a, 0): the maximal coupling needs the strict residual");
-  p.coupling = static_cast<int>(coupling);
-  p.top_p = static_cast<float>(top_p);
-  p.log_min_p = min_p > 0.0 ? static_cast<float>(std::log(min_p)) : -std::numeric_limits<float>::infinity();
-  p.probs_input = target_is_probs ? 1 : 0;
-  p.prob_sum_tolerance = kProbSumTolerance;
+  p.coupling = static_cast<int>(s.coupling);
   return a;
 }
 
@@ -259,11 +261,9 @@ namespace csd {
 #define CSD_VERIFY_ROWS_SIGNATURE(NAME)                                                                             \
   VerifyTuple NAME(const at::Tensor& target_logits, const at::Tensor& draft_tokens,                               \
                     const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& uncond_logits, \
-                    const std::optional<at::Tensor>& neighbours, double cfg_scale, double temperature,           \
-                    int64_t top_k, double top_p, double min_p, bool target_is_probs, int64_t rule,               \
-                    c10::ArrayRef<double> rule_params, bool gather_distortion, const at::Tensor& start,          \
-                    int64_t coupling, const at::Tensor& positions, const at::Tensor& seed,                       \
-                    const at::Tensor& offset, bool return_probs, const std::optional<at::Tensor>& informed)
+                    const std::optional<at::Tensor>& neighbours, const std::optional<at::Tensor>& informed,      \
+                    const at::Tensor& start, const at::Tensor& positions, const at::Tensor& seed,                 \
+                    const at::Tensor& offset, c10::ArrayRef<double> settings, c10::ArrayRef<int64_t> choices)
 
 CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cpu);
 #ifdef CSD_WITH_CUDA

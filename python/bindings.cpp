@@ -178,15 +178,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 TORCH_LIBRARY(csd_kernels, m) {
   m.def(
       "verify_rows(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, Tensor? uncond_logits, "
-      "Tensor? neighbours, float cfg_scale, float temperature, int top_k, float top_p, float min_p, "
-      "bool target_is_probs, int rule, float[] rule_params, bool gather_distortion, Tensor start, int coupling, "
-      "Tensor positions, Tensor seed, Tensor offset, bool return_probs, Tensor? informed) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? neighbours, Tensor? informed, Tensor start, Tensor positions, Tensor seed, Tensor offset, "
+      "float[] settings, int[] choices) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "verify_tree_rows(Tensor target_logits, Tensor? uncond_logits, Tensor node_tokens, Tensor draft_probs, "
-      "Tensor? sibling_probs, Tensor? neighbours, Tensor children, float cfg_scale, float temperature, int top_k, "
-      "float top_p, float min_p, int rule, float[] rule_params, bool gather_distortion, Tensor seed, Tensor offset, "
-      "Tensor? informed) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? sibling_probs, Tensor? neighbours, Tensor children, Tensor? informed, Tensor seed, Tensor offset, "
+      "float[] settings, int[] choices) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(csd_kernels, CPU, m) {

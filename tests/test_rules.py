@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +26,7 @@ from scipy.stats import chisquare
 import csd_kernels as ck
 from csd_kernels import reference as ref
 from csd_kernels import testing
-from csd_kernels.backends.spec import TREE_ARGS, VERIFY_ARGS, VerifyArgs, compiled_names
+from csd_kernels.backends.spec import CHOICES, SETTINGS, TREE_ARGS, VERIFY_ARGS, VerifyArgs
 from csd_kernels.config.acceptance import PARAMS, RULES, default_lantern_k, rule_named
 from csd_kernels.config.generation import GenerationConfig
 from csd_kernels.config.modes import MODE_TABLE
@@ -57,22 +59,43 @@ def _schema(op) -> list:
     return [(a.name, str(a.type)) for a in op._schema.arguments]
 
 
-def _spec(spec, compiled=False) -> list:
-    return [(a.name, a.type.replace("float[]", "List[float]")) for a in spec if a.compiled or not compiled]
+def _spec(spec) -> list:
+    return [(a.name, a.type.replace("float[]", "List[float]").replace("int[]", "List[int]")) for a in spec]
+
+
+def _schema_of(op) -> list:
+    return [(n, t.replace("Optional[Tensor]", "Tensor?")) for n, t in _schema(op)]
 
 
 def test_the_op_schemas_are_the_argument_spec():
     import csd_kernels.ops  # noqa: F401  (registers the ops)
 
-    assert [(n, t.replace("Optional[Tensor]", "Tensor?")) for n, t in _schema(torch.ops.csd_kernels.verify.default)] \
-        == _spec(VERIFY_ARGS) + [("backend", "str")]
-    assert [(n, t.replace("Optional[Tensor]", "Tensor?")) for n, t in
-            _schema(torch.ops.csd_kernels.verify_tree.default)] == _spec(TREE_ARGS) + [("backend", "str")]
+    assert _schema_of(torch.ops.csd_kernels.verify.default) == _spec(VERIFY_ARGS) + [("backend", "str")]
+    assert _schema_of(torch.ops.csd_kernels.verify_tree.default) == _spec(TREE_ARGS) + [("backend", "str")]
     if hasattr(torch.ops.csd_kernels, "verify_rows"):
-        assert [(n, t.replace("Optional[Tensor]", "Tensor?")) for n, t in
-                _schema(torch.ops.csd_kernels.verify_rows.default)] == _spec(VERIFY_ARGS, compiled=True)
-        assert [a.name for a in torch.ops.csd_kernels.verify_tree_rows.default._schema.arguments] == list(
-            compiled_names(TREE_ARGS))
+        assert _schema_of(torch.ops.csd_kernels.verify_rows.default) == _spec(VERIFY_ARGS)
+        assert _schema_of(torch.ops.csd_kernels.verify_tree_rows.default) == _spec(TREE_ARGS)
+
+
+def test_the_ops_take_at_most_twelve_arguments():
+    assert len(VERIFY_ARGS) <= 12 and len(TREE_ARGS) <= 12
+
+
+def _enum(text: str, name: str) -> list:
+    """The enumerators of C++ ``enum name : int { ... }`` in ``text``, in order."""
+    body = re.search(rf"enum {name} : int {{(.*?)}};", text, re.S).group(1)
+    return [item.strip() for item in body.replace("\n", " ").split(",") if item.strip()]
+
+
+def _cpp_name(prefix: str, name: str) -> str:
+    return prefix + "".join(part.capitalize() for part in name.split("_"))
+
+
+def test_the_compiled_record_index_is_the_spec():
+    """csrc/settings.h reads the record by index: its enums are spec.py's SETTINGS and CHOICES, in order."""
+    text = (Path(__file__).parent.parent / "csrc" / "settings.h").read_text()
+    assert _enum(text, "SettingIndex") == [_cpp_name("kSet", n) for n in SETTINGS] + ["kSetRuleParams"]
+    assert _enum(text, "ChoiceIndex") == [_cpp_name("kCho", n) for n in CHOICES] + ["kChoCount"]
 
 
 def test_the_triton_launchers_take_the_spec():

@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from csd_kernels import reference as ref  # noqa: E402
-from csd_kernels.backends.spec import TreeArgs  # noqa: E402
+from csd_kernels.backends.spec import Settings, TreeArgs  # noqa: E402
 from csd_kernels.backends.triton.verify_tree import verify_tree_triton  # noqa: E402
 from csd_kernels.ops.checks import check_rule  # noqa: E402
 from csd_kernels.testing import rule_inputs  # noqa: E402
@@ -73,13 +73,13 @@ def _run_triton(layout, logits, tokens, q, *, uncond_logits=None, cfg_scale=1.0,
                 seed, offset, **rule_params):
     dev = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
     checked = check_rule(rule, rule_params, dev(neighbours), logits.shape[-1], torch.device(DEVICE))
+    settings = Settings(cfg_scale=cfg_scale, temperature=temperature, top_p=1.0 if top_p is None else top_p,
+                        min_p=min_p or 0.0, top_k=top_k or 0, rule=checked.code, gather_distortion=gather_distortion,
+                        branching=layout.branching, depth_limit=layout.depth_limit, rule_params=checked.params)
     out = verify_tree_triton(TreeArgs(
         target_logits=dev(logits), uncond_logits=dev(uncond_logits), node_tokens=dev(tokens), draft_probs=dev(q),
-        sibling_probs=dev(sibling_probs), neighbours=checked.neighbours, children=layout.children,
-        depth=layout.depth, branching=layout.branching, depth_limit=layout.depth_limit, cfg_scale=cfg_scale,
-        temperature=temperature, top_k=top_k or 0, top_p=1.0 if top_p is None else top_p, min_p=min_p or 0.0,
-        rule=checked.code, rule_params=checked.params, gather_distortion=gather_distortion, seed=dev(seed),
-        offset=dev(offset), informed=None))
+        sibling_probs=dev(sibling_probs), neighbours=checked.neighbours, children=layout.children, informed=None,
+        seed=dev(seed), offset=dev(offset), settings=settings.floats(), choices=settings.ints()))
     return dict(zip(FIELDS, (t.cpu() for t in out)))
 
 

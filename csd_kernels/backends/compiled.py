@@ -14,7 +14,7 @@ import torch
 
 from . import build_flags as flags
 from . import jit
-from .spec import TREE_ARGS, TreeArgs, VerifyArgs, compiled_names
+from .spec import TreeArgs, VerifyArgs
 
 __all__ = ["compiled_extension", "load_error", "BuildMismatchWarning", "mismatch_message", "has_tree", "verify_rows",
            "verify_tree_rows", "random_draft_tokens", "tree_candidates"]
@@ -54,6 +54,11 @@ def _import_for_running_torch():
 
 
 def mismatch_message(built: dict, running: dict) -> str:
+    if all(str(built.get(key)) == str(running[key]) for key in ("torch", "cxx11_abi")):
+        return (f"csd_kernels._C was built from another version of csd_kernels (its ops take other arguments): using "
+                f"the Triton / torch backends; rebuild it with `pip install --no-build-isolation .` in this "
+                f"environment, or set {jit.ENV}=1 to compile it")
+
     def describe(info):
         if "torch" not in info:
             return "an unrecorded torch (a build older than the record)"
@@ -87,13 +92,9 @@ def verify_rows(args: VerifyArgs) -> tuple:
     return tuple(torch.ops.csd_kernels.verify_rows(*args))
 
 
-_TREE_COMPILED = compiled_names(TREE_ARGS)
-
-
 def verify_tree_rows(args: TreeArgs) -> tuple:
-    """``csd_kernels::verify_tree_rows`` on ops.verify_tree's arguments (those of the spec its schema has)."""
-    fields = args._asdict()
-    return tuple(torch.ops.csd_kernels.verify_tree_rows(*(fields[name] for name in _TREE_COMPILED)))
+    """``csd_kernels::verify_tree_rows`` on ops.verify_tree's arguments (its schema is the spec's)."""
+    return tuple(torch.ops.csd_kernels.verify_tree_rows(*args))
 
 
 def random_draft_tokens(seed, offset, positions, length: int, vocab: int) -> torch.Tensor:

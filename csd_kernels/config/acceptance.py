@@ -7,8 +7,8 @@ holds its order to this table), GenerationConfig's parameter fields and the mode
 The maths of each rule is :mod:`csd_kernels.reference.rules` (the definition); every backend has one acceptance
 function and one residual function that switch on the code. Torch-free.
 
-A rule's parameters reach the kernels as ``rule_params``: their values in the table's order, as floats (integers are
-exact), padded to :data:`MAX_PARAMS`.
+A rule's parameters reach the kernels as ``Settings.rule_params`` (backends/spec.py): their values in the table's
+order, as floats (integers are exact), as many as the rule declares.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .rules import ArgumentError, Rule, int_rule, real_rule
 __all__ = ["Param", "AcceptanceRule", "RULES", "RULE_NAMES", "GRID_RULES", "RULE_CODES", "MAX_PARAMS", "PARAMS",
            "rule_named", "param_values", "params_by_name", "LANTERN_CODEBOOK", "default_lantern_k"]
 
-MAX_PARAMS = 4  # floats per rule in the kernels' rule_params
+MAX_PARAMS = 4  # the rule parameters the compiled kernels' VerifyParams holds (csrc/include/rules.h, kMaxRuleParams)
 # LANTERN published its k for LlamaGen's VQ codebook of 16384 codes; a default k keeps that share of a model's codebook
 LANTERN_CODEBOOK = 16384
 
@@ -55,8 +55,10 @@ class AcceptanceRule:
     max(p − q, 0) (the two are equal when a(y) >= min(1, p/q), as for every other rule); distortion_gathers: the exact
     distortion needs a(y) for every token at a cost beyond a pass over the row (lantern: a gather per token and
     neighbour, V·k per position; gsd: the whole row sorted, where the decision needs only the draft's group), so it is
-    computed only on request (``gather_distortion=True``; NaN otherwise); label: how reports name it; source: where
-    the rule comes from."""
+    computed only on request (``gather_distortion=True``; NaN otherwise); sorts_row: its decision reads the draft's
+    group in the row sorted by p (one program holds the whole row: the Triton backend's per-position paths, and no
+    Triton tree); sweep_flags: the ``csd sweep`` flags of its own that sweep its parameters (a relaxed rule without
+    them is swept by ``--grid PARAM=...``); label: how reports name it; source: where the rule comes from."""
 
     name: str
     params: tuple
@@ -67,6 +69,8 @@ class AcceptanceRule:
     source: str
     residual_qa: bool = False
     distortion_gathers: bool = False
+    sorts_row: bool = False
+    sweep_flags: tuple = ()
 
     @property
     def code(self) -> int:
@@ -110,10 +114,12 @@ RULES: tuple = (
     AcceptanceRule("strict", (), lossless=True, needs_q=False, needs_neighbours=False, label="strict",
                    source="speculative sampling (Leviathan et al., 2023; Chen et al., 2023)"),
     AcceptanceRule("csd", (_LAMBDA, _TAU), lossless=False, needs_q=True, needs_neighbours=False,
-                   label="csd λ={entropy_coef:g} τ={tvd_threshold:g}", source="aderfebr/CSD"),
+                   label="csd λ={entropy_coef:g} τ={tvd_threshold:g}", source="aderfebr/CSD",
+                   sweep_flags=("--lambdas", "--taus")),
     AcceptanceRule("gsd", (_GROUP_RANK, _GROUP_DELTA), lossless=False, needs_q=True, needs_neighbours=False,
                    label="gsd k={group_rank} δ={group_delta:g}", source="So et al. 2025; the CSD repository's GSD",
-                   residual_qa=True, distortion_gathers=True),
+                   residual_qa=True, distortion_gathers=True, sorts_row=True,
+                   sweep_flags=("--gsd-ranks", "--gsd-deltas")),
     AcceptanceRule("arsample", (_AR_SCALE, _AR_OFFSET), lossless=False, needs_q=False, needs_neighbours=False,
                    label="arsample c={arsample_scale:g} s0={arsample_offset:g}", source="krennic999/ARsample"),
     AcceptanceRule("lantern", (_LANTERN_DELTA, _lantern_k(1000)), lossless=False, needs_q=False,
@@ -124,9 +130,9 @@ RULES: tuple = (
                    source="jadohu/LANTERN (evaluate_posterior)", distortion_gathers=True),
 )
 RULE_NAMES = tuple(r.name for r in RULES)
-# the relaxed rules that `csd sweep --grid PARAM=...` sweeps and `csd compare` adds a row for; csd and gsd have their
-# own flags (--lambdas / --taus, --gsd-ranks / --gsd-deltas) and rows
-GRID_RULES = tuple(r.name for r in RULES if not r.lossless and r.name not in ("csd", "gsd"))
+# the relaxed rules that `csd sweep --grid PARAM=...` sweeps and `csd compare` adds a row for (the others have sweep
+# flags and rows of their own)
+GRID_RULES = tuple(r.name for r in RULES if not r.lossless and not r.sweep_flags)
 RULE_CODES = {r.name: code for code, r in enumerate(RULES)}
 # every parameter name, once (a name several rules share, lantern_k, has one check; its default is the rule's)
 PARAMS = {p.name: p for r in RULES for p in r.params}

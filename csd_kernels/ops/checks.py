@@ -9,7 +9,8 @@ from typing import NamedTuple, Optional, Union
 import torch
 
 from .. import reference as ref
-from ..config.acceptance import MAX_PARAMS, PARAMS, default_lantern_k, param_values, rule_named
+from ..backends.spec import Settings
+from ..config.acceptance import PARAMS, default_lantern_k, param_values, rule_named
 from ..config.rules import real_rule
 
 __all__ = ["FLOAT_DTYPES", "SeedLike", "check_real", "philox_word", "word_tensor", "check_logits", "check_device",
@@ -115,11 +116,11 @@ def check_scalars(has_uncond, cfg_scale, temperature, top_k, coupling) -> tuple:
 
 
 class CheckedRule(NamedTuple):
-    """A rule as the backends take it: its code, its parameter values as floats (config/acceptance.py's order, padded
-    to MAX_PARAMS) and the neighbour table (int64 [V, k], k its lantern_k) or None."""
+    """A rule as the backends take it: its code, its parameter values as floats (config/acceptance.py's order, as
+    many as it declares) and the neighbour table (int64 [V, k], k its lantern_k) or None."""
 
     code: int
-    params: list
+    params: tuple
     neighbours: Optional[torch.Tensor]
 
 
@@ -153,7 +154,7 @@ def check_rule(rule: str, params: dict, neighbours, vocab: int, device: torch.de
         if k > table.shape[1]:
             raise ValueError(f"lantern_k={k} exceeds the neighbour table's width {table.shape[1]}")
         table = table[:, :k]
-    return CheckedRule(spec.code, [float(v) for v in values] + [0.0] * (MAX_PARAMS - len(values)), table)
+    return CheckedRule(spec.code, tuple(float(v) for v in values), table)
 
 
 def _check_neighbours(rule: str, neighbours, vocab: int, device: torch.device) -> torch.Tensor:
@@ -172,25 +173,23 @@ def _check_neighbours(rule: str, neighbours, vocab: int, device: torch.device) -
 
 
 class Options(NamedTuple):
-    """Every scalar option of an op call as the backends take it (backends/spec.py's names)."""
+    """An op call's options as the backends take them: the record of its scalars and the rule's neighbour table."""
 
-    cfg_scale: float
-    temperature: float
-    top_k: int
-    top_p: float
-    min_p: float
-    coupling: int
-    rule: CheckedRule
+    settings: Settings
+    neighbours: Optional[torch.Tensor]
 
 
 def check_options(op: str, *, has_uncond: bool, cfg_scale, temperature, top_k, top_p, min_p, coupling: str,
-                  rule: str, rule_params: dict, neighbours, vocab: int, device: torch.device) -> Options:
-    """The options of ``op`` (verify, verify_tree) checked, in one place: the scalars, the rule with its parameters
-    and neighbour table, a coupling the rule's resampling law allows, top_p / min_p."""
+                  rule: str, rule_params: dict, neighbours, vocab: int, device: torch.device, **choices) -> Options:
+    """The options of ``op`` (verify, verify_tree) checked and made one :class:`~csd_kernels.backends.spec.Settings`,
+    in one place: the scalars, the rule with its parameters and neighbour table, a coupling the rule's resampling law
+    allows, top_p / min_p; ``choices``: the record's other fields (flags, the tree's shape), as given."""
     cfg_scale, temperature, top_k, coupling_code = check_scalars(has_uncond, cfg_scale, temperature, top_k, coupling)
     checked = check_rule(rule, rule_keywords(rule_params, op), neighbours, vocab, device)
     if coupling == "maximal" and rule_named(rule).residual_qa:
         raise ValueError(f"coupling='maximal' redraws from the strict residual max(p - q, 0); rule={rule!r} resamples "
                          "from max(p - q·a, 0): use coupling 'independent' or 'gumbel'")
     top_p, min_p = check_nucleus(top_p, min_p)
-    return Options(cfg_scale, temperature, top_k, top_p, min_p, coupling_code, checked)
+    settings = Settings(cfg_scale=cfg_scale, temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k,
+                        rule=checked.code, coupling=coupling_code, rule_params=checked.params, **choices)
+    return Options(settings, checked.neighbours)

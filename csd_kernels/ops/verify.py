@@ -14,13 +14,13 @@ import torch
 
 from .. import reference as ref
 from ..backends.compiled import compiled_extension, verify_rows
-from ..backends.spec import VERIFY_ARGS, VERIFY_RETURNS, Arg, VerifyArgs, schema
+from ..backends.spec import CHOICES, VERIFY_ARGS, VERIFY_RETURNS, Arg, Settings, VerifyArgs, schema, settings_of
 from ..config.acceptance import params_by_name
 from ..constants import SEED_LIMIT
 from .checks import SeedLike, check_device, check_informed, check_logits, check_options, philox_word, word_tensor
 from .registry import select_backend
 
-__all__ = ["VerifyResult", "VerifyArgs", "verify"]
+__all__ = ["VerifyResult", "VerifyArgs", "Settings", "verify"]
 
 VerifyResult = ref.VerifyResult
 
@@ -31,16 +31,17 @@ _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 # Backends behind one op: each takes one backends.spec.VerifyArgs
 # ----------------------------------------------------------------------------------------------------------------------
 def _torch_backend(a: VerifyArgs) -> tuple:
-    probs_in = a.target_is_probs
+    s = settings_of(a)
+    probs_in = s.target_is_probs
     out = ref.verify(
         None if probs_in else a.target_logits, a.draft_tokens, a.draft_probs,
-        target_probs=a.target_logits if probs_in else None, uncond_logits=a.uncond_logits, cfg_scale=a.cfg_scale,
-        temperature=a.temperature, top_k=a.top_k or None, top_p=a.top_p if a.top_p < 1.0 else None,
-        min_p=a.min_p or None, rule=ref.RULES[a.rule], neighbours=a.neighbours, gather_distortion=a.gather_distortion,
-        start=a.start, coupling=ref.COUPLINGS[a.coupling], positions=a.positions, seed=a.seed, offset=a.offset,
-        return_probs=a.return_probs, informed=a.informed, **params_by_name(a.rule, a.rule_params),
+        target_probs=a.target_logits if probs_in else None, uncond_logits=a.uncond_logits, cfg_scale=s.cfg_scale,
+        temperature=s.temperature, top_k=s.top_k or None, top_p=s.top_p if s.top_p < 1.0 else None,
+        min_p=s.min_p or None, rule=ref.RULES[s.rule], neighbours=a.neighbours, gather_distortion=s.gather_distortion,
+        start=a.start, coupling=ref.COUPLINGS[s.coupling], positions=a.positions, seed=a.seed, offset=a.offset,
+        return_probs=s.return_probs, informed=a.informed, **params_by_name(s.rule, s.rule_params),
     )
-    probs = out.probs if a.return_probs else a.target_logits.new_empty((0,), dtype=torch.float32)
+    probs = out.probs if s.return_probs else a.target_logits.new_empty((0,), dtype=torch.float32)
     return out.accept_len, out.tokens, probs, out.entropy, out.tvd, out.accept_prob, out.distortion, out.status
 
 
@@ -55,7 +56,7 @@ _verify_triton = None
 
 
 _BACKEND_FUNCTIONS = {"torch": _torch_backend, "triton": _triton_backend, "cpu": verify_rows, "cuda": verify_rows}
-_RETURN_PROBS = VerifyArgs._fields.index("return_probs")
+_CHOICES, _RETURN_PROBS = VerifyArgs._fields.index("choices"), CHOICES.index("return_probs")
 
 # csd_kernels::verify: one custom op over the spec (+ the backend's name), so torch.compile(fullgraph=True) traces it
 torch.library.define("csd_kernels::verify", schema(VERIFY_ARGS, VERIFY_RETURNS, extra=(Arg("backend", "str"),)))
@@ -82,19 +83,19 @@ def _fake_outputs(target_logits: torch.Tensor, return_probs: bool):
 def fake_backend(a: VerifyArgs) -> tuple:
     """A backend function that runs no kernel: uninitialised outputs of the right shapes and dtypes (the meta
     device's stand-in in tests and host-time benchmarks)."""
-    return _fake_outputs(a.target_logits, a.return_probs)
+    return _fake_outputs(a.target_logits, bool(a.choices[_RETURN_PROBS]))
 
 
 @torch.library.register_fake("csd_kernels::verify")
 def _(*args):
-    return _fake_outputs(args[0], args[_RETURN_PROBS])
+    return _fake_outputs(args[0], bool(args[_CHOICES][_RETURN_PROBS]))
 
 
 if compiled_extension() is not None:
 
     @torch.library.register_fake("csd_kernels::verify_rows")
     def _(*args):
-        return _fake_outputs(args[0], args[_RETURN_PROBS])
+        return _fake_outputs(args[0], bool(args[_CHOICES][_RETURN_PROBS]))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -221,7 +222,8 @@ def verify(
     device = target_logits.device
     o = check_options("verify", has_uncond=uncond_logits is not None, cfg_scale=cfg_scale, temperature=temperature,
                       top_k=top_k, top_p=top_p, min_p=min_p, coupling=coupling, rule=rule, rule_params=rule_params,
-                      neighbours=neighbours, vocab=vocab, device=device)
+                      neighbours=neighbours, vocab=vocab, device=device, target_is_probs=target_is_probs,
+                      gather_distortion=bool(gather_distortion), return_probs=bool(return_probs))
     informed = check_informed(informed, (batch, length), device)
     start = _index_tensor("start", start, batch, device, high=length)
     positions = _index_tensor("positions", positions, batch, device)
@@ -232,11 +234,9 @@ def verify(
     if compiling or chosen != "triton":  # the eager Triton launch passes int seeds / offsets as kernel arguments
         seed, offset = word_tensor(seed, device), word_tensor(offset, device)
     args = VerifyArgs(target_logits=target_logits, draft_tokens=draft_tokens, draft_probs=draft_probs,
-                      uncond_logits=uncond_logits, neighbours=o.rule.neighbours, cfg_scale=o.cfg_scale,
-                      temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
-                      target_is_probs=target_is_probs, rule=o.rule.code, rule_params=o.rule.params,
-                      gather_distortion=bool(gather_distortion), start=start, coupling=o.coupling,
-                      positions=positions, seed=seed, offset=offset, return_probs=return_probs, informed=informed)
+                      uncond_logits=uncond_logits, neighbours=o.neighbours, informed=informed, start=start,
+                      positions=positions, seed=seed, offset=offset, settings=o.settings.floats(),
+                      choices=o.settings.ints())
     if compiling:
         outputs = torch.ops.csd_kernels.verify(*args, chosen)  # the registered op: traced through its fake
     else:  # eager: the same implementation without the dispatcher's per-call cost

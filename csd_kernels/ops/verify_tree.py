@@ -15,7 +15,7 @@ import torch
 
 from .. import reference as ref
 from ..backends.compiled import has_tree, verify_tree_rows
-from ..backends.spec import TREE_ARGS, TREE_RETURNS, Arg, TreeArgs, schema
+from ..backends.spec import TREE_ARGS, TREE_RETURNS, Arg, TreeArgs, schema, settings_of
 from ..config.acceptance import params_by_name
 from ..constants import SEED_LIMIT
 from .checks import SeedLike, check_device, check_informed, check_logits, check_options, philox_word, word_tensor
@@ -30,13 +30,14 @@ TreeResult = ref.TreeResult
 # Backends behind one op: each takes one backends.spec.TreeArgs
 # ----------------------------------------------------------------------------------------------------------------------
 def _torch_backend(a: TreeArgs) -> tuple:
-    layout = device_layout(a.branching, a.depth_limit, a.target_logits.shape[1], a.target_logits.device)
+    s = settings_of(a)
+    layout = device_layout(s.branching, s.depth_limit, a.target_logits.shape[1], a.target_logits.device)
     out = ref.verify_tree(a.target_logits, a.node_tokens, a.draft_probs, layout, uncond_logits=a.uncond_logits,
-                          cfg_scale=a.cfg_scale, temperature=a.temperature, top_k=a.top_k or None,
-                          top_p=a.top_p if a.top_p < 1.0 else None, min_p=a.min_p or None, rule=ref.RULES[a.rule],
-                          neighbours=a.neighbours, gather_distortion=a.gather_distortion,
+                          cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k or None,
+                          top_p=s.top_p if s.top_p < 1.0 else None, min_p=s.min_p or None, rule=ref.RULES[s.rule],
+                          neighbours=a.neighbours, gather_distortion=s.gather_distortion,
                           sibling_probs=a.sibling_probs, seed=a.seed, offset=a.offset, informed=a.informed,
-                          **params_by_name(a.rule, a.rule_params))
+                          **params_by_name(s.rule, s.rule_params))
     return (out.accept_len, out.path, out.tokens, out.accept_prob.float(), out.entropy.float(), out.tvd.float(),
             out.distortion.float(), out.status)
 
@@ -155,7 +156,9 @@ def verify_tree(
                              f"{uncond_logits.dtype}")
     o = check_options("verify_tree", has_uncond=uncond_logits is not None, cfg_scale=cfg_scale,
                       temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, coupling="independent",
-                      rule=rule, rule_params=rule_params, neighbours=neighbours, vocab=vocab, device=device)
+                      rule=rule, rule_params=rule_params, neighbours=neighbours, vocab=vocab, device=device,
+                      gather_distortion=bool(gather_distortion), branching=layout.branching,
+                      depth_limit=layout.depth_limit)
     informed = check_informed(informed, (batch, levels), device, where="[B, M]")
     seed = word_tensor(philox_word("seed", seed, device, allow_per_row=batch, limit=SEED_LIMIT), device)
     offset = word_tensor(philox_word("offset", offset, device, allow_per_row=batch, limit=SEED_LIMIT), device)
@@ -164,11 +167,9 @@ def verify_tree(
     on_device = layout.children.device == device
     tree = layout if compiling or on_device else device_layout(layout.branching, layout.depth_limit, slots, device)
     args = TreeArgs(target_logits=target_logits, uncond_logits=uncond_logits, node_tokens=node_tokens,
-                    draft_probs=draft_probs, sibling_probs=sibling_probs, neighbours=o.rule.neighbours,
-                    children=tree.children.to(device), depth=tree.depth.to(device), branching=layout.branching,
-                    depth_limit=layout.depth_limit, cfg_scale=o.cfg_scale, temperature=o.temperature, top_k=o.top_k,
-                    top_p=o.top_p, min_p=o.min_p, rule=o.rule.code, rule_params=o.rule.params,
-                    gather_distortion=bool(gather_distortion), seed=seed, offset=offset, informed=informed)
+                    draft_probs=draft_probs, sibling_probs=sibling_probs, neighbours=o.neighbours,
+                    children=tree.children.to(device), informed=informed, seed=seed, offset=offset,
+                    settings=o.settings.floats(), choices=o.settings.ints())
     if compiling:
         outputs = torch.ops.csd_kernels.verify_tree(*args, chosen)  # the registered op: traced through its fake
     else:  # eager: the same implementation without the dispatcher's per-call cost

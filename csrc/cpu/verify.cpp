@@ -209,13 +209,12 @@ std::string cpu_isa() {
 }
 
 CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cpu) {
+  const Settings s = read_settings(settings, choices, "csd_kernels.verify_rows: ");
   const CheckedArgs a = check_verify_args(target_logits, draft_tokens, draft_probs, uncond_logits, neighbours,
-                                          cfg_scale, temperature, top_k, top_p, min_p, target_is_probs, rule,
-                                          rule_params, gather_distortion, start, coupling, positions, seed, offset,
-                                          informed, target_logits.device());
+                                          informed, start, positions, seed, offset, s, target_logits.device());
   TORCH_CHECK(target_logits.device().is_cpu(), "csd_kernels.verify_rows (CPU): tensors must be on the CPU");
   const PreparedCall call = prepare_call(a, target_logits, draft_tokens, draft_probs, uncond_logits, start, positions,
-                                         seed, offset, return_probs, informed);
+                                         seed, offset, s.return_probs, informed);
   cpu::verify_rows_cpu_impl(call.problem, g_isa_override.load());
   return call.out.as_tuple();
 }

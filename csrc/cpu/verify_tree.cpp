@@ -28,8 +28,7 @@ void run_rows(const TreeProblem& P) {
 CSD_VERIFY_TREE_ROWS_SIGNATURE(verify_tree_rows_cpu) {
   TORCH_CHECK(target_logits.device().is_cpu(), "csd_kernels.verify_tree_rows (CPU): tensors must be on the CPU");
   PreparedTree call = prepare_tree_call(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs,
-                                        neighbours, children, cfg_scale, temperature, top_k, top_p, min_p, rule,
-                                        rule_params, gather_distortion, seed, offset, informed);
+                                        neighbours, children, informed, seed, offset, settings, choices);
   switch (call.problem.logit_dtype) {
     case kLogitF32:
       run_rows<float>(call.problem);

@@ -13,8 +13,7 @@ CSD_VERIFY_TREE_ROWS_SIGNATURE(verify_tree_rows_cuda) {
   TORCH_CHECK(target_logits.is_cuda(), "csd_kernels.verify_tree_rows (CUDA): target_logits must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(target_logits.device());
   PreparedTree call = prepare_tree_call(target_logits, uncond_logits, node_tokens, draft_probs, sibling_probs,
-                                        neighbours, children, cfg_scale, temperature, top_k, top_p, min_p, rule,
-                                        rule_params, gather_distortion, seed, offset, informed);
+                                        neighbours, children, informed, seed, offset, settings, choices);
   const int err = csd_verify_tree_launch(&call.problem, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == 0, "csd_kernels.verify_tree_rows (CUDA): launch failed: ",
               cudaGetErrorString(static_cast<cudaError_t>(err)));

@@ -11,13 +11,12 @@ namespace csd {
 
 CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cuda) {
   TORCH_CHECK(target_logits.is_cuda(), "csd_kernels.verify_rows (CUDA): target_logits must be a CUDA tensor");
+  const Settings s = read_settings(settings, choices, "csd_kernels.verify_rows: ");
   const CheckedArgs a = check_verify_args(target_logits, draft_tokens, draft_probs, uncond_logits, neighbours,
-                                          cfg_scale, temperature, top_k, top_p, min_p, target_is_probs, rule,
-                                          rule_params, gather_distortion, start, coupling, positions, seed, offset,
-                                          informed, target_logits.device());
+                                          informed, start, positions, seed, offset, s, target_logits.device());
   const c10::cuda::CUDAGuard guard(target_logits.device());
   PreparedCall call = prepare_call(a, target_logits, draft_tokens, draft_probs, uncond_logits, start, positions, seed,
-                                   offset, return_probs, informed);
+                                   offset, s.return_probs, informed);
   call.problem.split_block = csd_verify_split_block(&call.problem);
   if (csd_verify_workspace_bytes(&call.problem) > 0) {  // the split path's, or gsd's per-position scratch
     call.workspace = at::empty({csd_verify_workspace_bytes(&call.problem)}, target_logits.options().dtype(at::kByte));

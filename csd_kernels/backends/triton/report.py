@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...config.acceptance import RULES
+from ...config.acceptance import RULES, rule_named
 from ...text_table import text_table
 
 __all__ = ["Variant", "ResourceReport", "variants", "compile_variant", "compile_tree_kernel", "format_table"]
@@ -80,12 +80,12 @@ def variants(vocabs=(8192, 16384, 65536), rules=tuple(r.name for r in RULES)) ->
         out.append(Variant(vocab, coupling=2, return_probs=False))
         out.append(Variant(vocab, greedy=True))
         out.append(Variant(vocab, has_q=False, rule="strict", has_uncond=False))
-        for rule in rules:
-            if rule == "gsd" and vocab > 16384 or rule in ("strict", "csd"):
+        for rule in map(rule_named, rules):
+            if rule.sorts_row and vocab > 16384 or rule.name in ("strict", "csd"):  # (both in the variants above)
                 continue
-            out.append(Variant(vocab, rule=rule))
-            if rule.startswith("lantern") or rule == "gsd":
-                out.append(Variant(vocab, rule=rule, top_k=True, gather_distortion=True))
+            out.append(Variant(vocab, rule=rule.name))
+            if rule.distortion_gathers:
+                out.append(Variant(vocab, rule=rule.name, top_k=True, gather_distortion=True))
     return out
 
 
@@ -95,7 +95,13 @@ _POINTERS = {"q_ptr": "*fp32", "draft_ptr": "*i64", "start_ptr": "*i64", "positi
              "index_ptr": "*i32", "sums_ptr": "*fp32", "bad_q_ptr": "*i32", "position_count_ptr": "*i32",
              "row_count_ptr": "*i32", "tokens_ptr": "*i64", "accept_len_ptr": "*i32", "status_ptr": "*i32",
              "nb_ptr": "*i64", "gsd_ptr": "*fp32"}
-_FLOATS = {"cfg_scale", "inv_t", "rule_p0", "rule_p1", "top_p", "log_min_p"}
+
+
+def _settings_signature(rule: str):
+    """The types of the ``st`` argument (verify.KernelSettings) for ``rule``: its parameters as many fp32s."""
+    from .verify import KernelSettings
+
+    return KernelSettings("fp32", "fp32", "i32", "fp32", "fp32", ("fp32",) * len(rule_named(rule).params))
 
 
 def _signature(kernel, variant: Variant, constexprs: dict) -> dict:
@@ -108,8 +114,8 @@ def _signature(kernel, variant: Variant, constexprs: dict) -> dict:
             signature[name] = "i64"
         elif name in _POINTERS:
             signature[name] = _POINTERS[name]
-        elif name in _FLOATS:
-            signature[name] = "fp32"
+        elif name == "st":
+            signature[name] = _settings_signature(variant.rule)
         elif name in constexprs:
             signature[name] = "constexpr"
         else:
@@ -119,9 +125,9 @@ def _signature(kernel, variant: Variant, constexprs: dict) -> dict:
 
 def _divisibility(kernel, signature: dict) -> dict:
     """Pointers, strides and V divisible by 16, as Triton's launcher specialises them for the usual shapes."""
+    kinds = {name: kind if isinstance(kind, str) else "tuple" for name, kind in signature.items()}
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-               if signature[name].startswith("*") or name == "V"
-               or (name.startswith("s_") and signature[name] == "i32")}
+               if kinds[name].startswith("*") or name == "V" or (name.startswith("s_") and kinds[name] == "i32")}
     return aligned
 
 
@@ -156,7 +162,7 @@ def _kernels(variant: Variant):
 
     nucleus = variant.top_p and not variant.greedy
     chosen = tv.plan(variant.positions, variant.vocab, (variant.top_k and not variant.greedy) or nucleus
-                     or variant.target_probs or variant.rule == "gsd")
+                     or variant.target_probs or rule_named(variant.rule).sorts_row)
     flags = {"HAS_UNCOND": variant.has_uncond, "HAS_Q": variant.has_q, "GREEDY": variant.greedy,
              "RULE": RULE_CODES[variant.rule], "COUPLING": variant.coupling, "RETURN_PROBS": variant.return_probs,
              "PER_ROW_SEED": False, "SEED_VALUE": variant.int_words, "OFFSET_VALUE": variant.int_words,
@@ -227,7 +233,6 @@ def compile_tree_kernel(vocab: int = 16384, *, greedy: bool = False, top_k: bool
                   "MIN_P": top_k and not greedy, "RULE": RULE_CODES[rule], "PER_ROW_SEED": True, "BLOCK_V": block,
                   "BLOCK_M": 64, "s_qv": 1, "s_sv": 1, "GATHER_DIST": False, "HAS_INFORMED": False}
     logits = "*" + _DTYPE[logits_dtype]
-    floats = {"cfg_scale", "inv_t", "top_p", "log_min_p", "rule_p0", "rule_p1"}
     signature = {}
     for name in tree_kernel.arg_names:
         if name in constexprs:
@@ -241,7 +246,7 @@ def compile_tree_kernel(vocab: int = 16384, *, greedy: bool = False, top_k: bool
         elif name.endswith("_ptr"):
             signature[name] = "*i64"
         else:
-            signature[name] = "fp32" if name in floats else "i32"
+            signature[name] = _settings_signature(rule) if name == "st" else "i32"
     num_warps = register_num_warps(block)
     resources = _compile(tree_kernel, signature, constexprs, num_warps, arch)
     label = (f"tree V={vocab} cfg {'greedy' if greedy else 'top-k/p/min-p' if top_k else 'full'} "

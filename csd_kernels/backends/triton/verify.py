@@ -26,12 +26,12 @@ import math
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
-from ...config.acceptance import RULE_CODES
-from ..spec import VerifyArgs
+from ...config.acceptance import RULES
+from ..spec import Settings, VerifyArgs, settings_of
 
 try:  # pragma: no cover - exercised by whichever environment imports us
     import triton
@@ -45,7 +45,7 @@ except Exception as exc:  # pragma: no cover
     _TRITON_ERROR = f"{type(exc).__name__}: {exc}"
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-GSD_CODE = RULE_CODES["gsd"]
+SORTS_ROW = frozenset(rule.code for rule in RULES if rule.sorts_row)  # one program must hold the row
 
 REGISTER_MAX_BLOCK = 16384  # largest V kept entirely in registers (one HBM read)
 CHUNK_V = 4096  # chunk of the chunked path
@@ -54,7 +54,7 @@ SPLIT_MAX_SLICES = 256  # larger vocabularies get larger slices
 REFERENCE_SM_COUNT = 132  # an H100/H200: the plan used off-GPU (the interpreter), so CPU tests take the GPU's path
 
 __all__ = ["verify_triton", "is_available", "plan", "Plan", "REGISTER_MAX_BLOCK", "CHUNK_V", "device_guard", "fp32",
-           "pow2", "register_num_warps"]
+           "pow2", "register_num_warps", "KernelSettings", "kernel_settings"]
 
 
 def is_available(device) -> tuple[bool, str]:
@@ -124,6 +124,26 @@ def fp32(value: float) -> float:
         return float("inf") if value > 0 else float("-inf")
 
 
+class KernelSettings(NamedTuple):
+    """The call's settings (backends/spec.Settings) as every Triton kernel takes them: one argument ``st``, read
+    ``st.<field>`` (a tuple to Triton: its scalars are kernel arguments, no device memory)."""
+
+    cfg_scale: float
+    inv_t: float  # 1/T rounded to fp32 once, as the reference (1.0 when greedy)
+    top_k: int
+    top_p: float  # rounded to fp32
+    log_min_p: float  # ln(min_p) rounded to fp32, as the reference (-inf: no restriction)
+    params: tuple  # the rule's parameters, as many as it declares (rules.py)
+
+
+@functools.lru_cache(maxsize=256)  # a pure function of a hashable record, asked on every call
+def kernel_settings(st: Settings) -> KernelSettings:
+    greedy = st.temperature == 0
+    return KernelSettings(float(st.cfg_scale), 1.0 if greedy else fp32(1.0 / st.temperature), int(st.top_k),
+                          fp32(st.top_p), fp32(math.log(st.min_p)) if st.min_p > 0 else float("-inf"),
+                          tuple(float(v) for v in st.rule_params))
+
+
 def verify_triton(a: VerifyArgs, packed_outputs: bool = False):
     """Triton verification step on validated arguments (backends/spec.py; see module docstring); no host
     synchronisation.
@@ -137,27 +157,28 @@ def verify_triton(a: VerifyArgs, packed_outputs: bool = False):
     if triton is None:  # pragma: no cover
         raise RuntimeError(f"triton is not importable ({_TRITON_ERROR})")
     B, L, V = a.target_logits.shape
+    st = settings_of(a)
     device = a.target_logits.device
-    out = _allocate_outputs(B, L, V, device, a.return_probs, packed_outputs)
+    out = _allocate_outputs(B, L, V, device, st.return_probs, packed_outputs)
     if B * L == 0:
         out["accept_len"].fill_(L)
         out["status"].zero_()
     else:
-        greedy, top_k = a.temperature == 0, int(a.top_k)
+        greedy, top_k = st.temperature == 0, int(st.top_k)
         has_q = a.draft_probs is not None
         seed, offset, start, positions = _flat(a.seed), _flat(a.offset), _flat(a.start), _flat(a.positions)
         seed_value, offset_value = not isinstance(seed, torch.Tensor), not isinstance(offset, torch.Tensor)
         per_row_seed = not seed_value and seed.numel() != 1
         # tuples, named (_FLAG_NAMES, _NUCLEUS_NAMES) only when a key's launches are first prepared
         informed = None if a.informed is None else a.informed.view(torch.uint8)  # a byte per slot
-        flags = (a.uncond_logits is not None, has_q, greedy, int(a.rule), int(a.coupling), bool(a.return_probs),
-                 per_row_seed, seed_value, offset_value, bool(a.gather_distortion), informed is not None)
+        flags = (a.uncond_logits is not None, has_q, greedy, int(st.rule), int(st.coupling), bool(st.return_probs),
+                 per_row_seed, seed_value, offset_value, bool(st.gather_distortion), informed is not None)
         # top-k, top-p, min-p and target probabilities take the per-position paths
-        nucleus = ((not greedy) and a.top_p < 1.0, (not greedy) and a.min_p > 0.0, bool(a.target_is_probs))
-        whole_row = ((not greedy) and 0 < top_k < V) or True in nucleus or int(a.rule) == GSD_CODE
+        nucleus = ((not greedy) and st.top_p < 1.0, (not greedy) and st.min_p > 0.0, bool(st.target_is_probs))
+        whole_row = ((not greedy) and 0 < top_k < V) or True in nucleus or int(st.rule) in SORTS_ROW
         key = _launch_key(a.target_logits, a.uncond_logits, a.draft_probs, a.draft_tokens, start, positions, seed,
                           offset, a.neighbours, top_k, flags, nucleus, informed)
-        work = _workspace(key, B, L, V, whole_row, device, int(a.rule) == GSD_CODE)
+        work = _workspace(key, B, L, V, whole_row, device, int(st.rule) in SORTS_ROW)
         nb = a.neighbours if a.neighbours is not None else start  # never read without a table
         args = _Args(
             a.target_logits, a.uncond_logits if a.uncond_logits is not None else a.target_logits,
@@ -166,18 +187,16 @@ def verify_triton(a: VerifyArgs, packed_outputs: bool = False):
             q_strides=tuple(a.draft_probs.stride()) if has_q else (0, 0, 0),
             seed_stride=seed.stride(0) if per_row_seed else 0,
             offset_stride=offset.stride(0) if not offset_value and offset.numel() != 1 else 0,
-            scalars=(float(a.cfg_scale), fp32(1.0 / a.temperature) if not greedy else 1.0),  # 1/T rounded once
+            st=kernel_settings(st),
             flag_values=flags,
-            rule=(float(a.rule_params[0]), float(a.rule_params[1]), nb,
-                  nb.stride(0) if a.neighbours is not None else 0,
+            rule=(nb, nb.stride(0) if a.neighbours is not None else 0,
                   a.neighbours.shape[1] if a.neighbours is not None else 0),
         )
         with device_guard(device):  # launch on the tensors' device, not the current one
             if work.plan.path == "split":
                 _launch_split(work, args, out, top_k)
             else:
-                log_min_p = fp32(math.log(a.min_p)) if a.min_p > 0 else float("-inf")  # ln rounded once, as ref
-                _launch_per_position(work, args, out, top_k, (fp32(a.top_p), log_min_p), nucleus)
+                _launch_per_position(work, args, out, top_k, nucleus)
     o = out
     return o["accept_len"], o["tokens"], o["probs"], o["ent"], o["tvd"], o["acc"], o["dist"], o["status"]
 
@@ -299,9 +318,9 @@ class _Args:
     q_strides: tuple
     seed_stride: int
     offset_stride: int
-    scalars: tuple  # cfg_scale, 1/T
+    st: KernelSettings
     flag_values: tuple  # the constexpr switches both paths share, in _FLAG_NAMES order
-    rule: tuple  # rule_p0, rule_p1, the neighbour table (any int64 tensor without one), its row stride, its k
+    rule: tuple  # the neighbour table (any int64 tensor without one), its row stride, its k
 
     @property
     def flags(self) -> dict:
@@ -333,11 +352,10 @@ def _outputs(out: dict, scratch: tuple) -> tuple:
 def first_stop_launch(flags: dict) -> bool:
     """gsd decided from the draft's own group (its distortion not asked): a second launch of the position kernel
     (GSD_ROWS) draws each row's first stop from the sorted row."""
-    return flags["RULE"] == GSD_CODE and not flags["GATHER_DIST"]
+    return flags["RULE"] in SORTS_ROW and not flags["GATHER_DIST"]
 
 
-def _launch_per_position(work: _Workspace, a: _Args, out, top_k, nucleus_scalars=(1.0, float("-inf")),
-                         nucleus_flags=(False, False, False)):
+def _launch_per_position(work: _Workspace, a: _Args, out, top_k, nucleus_flags=(False, False, False)):
     B, L, V = a.logits.shape
     c = work.consts
     if c is None:
@@ -353,8 +371,8 @@ def _launch_per_position(work: _Workspace, a: _Args, out, top_k, nucleus_scalars
         if first_stop_launch(a.flags):  # its own kernel cache: another specialization
             c["gsd_rows"] = ({}, dict(c["constexprs"], GSD_ROWS=True))
     scratch = c["scratch"]
-    args = (*a.inputs(work), *_outputs(out, scratch), L, V, *a.scalars, top_k, *a.rule[:2], *nucleus_scalars,
-            *a.rule[2:], work.gsd if work.gsd is not None else a.logits)
+    args = (*a.inputs(work), *_outputs(out, scratch), L, V, a.st, *a.rule,
+            work.gsd if work.gsd is not None else a.logits)
     launch(c["kernel"], (B * L,), work.kernels, args, c["constexprs"], num_warps=c["num_warps"],
            enable_fp_fusion=False)
     if "gsd_rows" in c:
@@ -395,10 +413,10 @@ def _launch_split(work: _Workspace, a: _Args, out, top_k):
     (s_cb, s_cl, s_ub, s_ul, s_pos), (stats, index, position_count, row_count) = c["strides"], c["stats"]
     launch(split.split_stats_kernel, c["grid"], work.kernels,
            (a.logits, s_cb, s_cl, a.uncond, s_ub, s_ul, a.positions, s_pos, a.seed, a.seed_stride,
-            stats, index, position_count, row_count, L, V, *a.scalars),
+            stats, index, position_count, row_count, L, V, a.st),
            c["stats_constexprs"], num_warps=c["num_warps"], enable_fp_fusion=False)
     launch(split.split_finish_kernel, c["grid"], work.kernels,
            (*a.inputs(work), *_outputs(out, c["scratch"]),
             stats, index, work.sums, c["bad_q"], position_count, row_count, out["tokens"], out["accept_len"],
-            out["status"], L, V, *a.scalars, *a.rule),
+            out["status"], L, V, a.st, *a.rule),
            c["finish_constexprs"], num_warps=c["num_warps"], enable_fp_fusion=False)

@@ -248,7 +248,7 @@ def _stats_sweep(c_row, u_row, q_row, s_qv, probs_row, x, bad, V, thr, m, z_sum,
 
 
 @triton.jit
-def _draw_sweep(c_row, u_row, q_row, s_qv, x, bad_q, use_r, target_w, target_p, h, rule_p0, rule_p1, nb_ptr, s_nb,
+def _draw_sweep(c_row, u_row, q_row, s_qv, x, bad_q, use_r, target_w, target_p, h, params, nb_ptr, s_nb,
                 nb_k, V, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr,
                 GREEDY: tl.constexpr, TOP_K: tl.constexpr, DRAW_FROM_P: tl.constexpr, PROBS: tl.constexpr,
                 RULE: tl.constexpr, GATHER_DIST: tl.constexpr, BLOCK_V: tl.constexpr):
@@ -269,9 +269,9 @@ def _draw_sweep(c_row, u_row, q_row, s_qv, x, bad_q, use_r, target_w, target_p, 
         q, _bad_c = _chunk_q(q_row, s_qv, offs, mask, x, HAS_Q)
         q_ok = tl.where(bad_q, 0.0, q)
         if rules.has_token_terms(RULE):
-            dist += tl.sum(rules.distortion_terms(p, q_ok, support, h, rule_p0, rule_p1, RULE), 0)
+            dist += tl.sum(rules.distortion_terms(p, q_ok, support, h, params, RULE), 0)
         if rules.is_lantern(RULE) and GATHER_DIST:
-            dist += tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q_ok, support, rule_p0, c_row, u_row, m,
+            dist += tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q_ok, support, params[0], c_row, u_row, m,
                                                1.0 / z_sum, thr, 0.0, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND,
                                                GREEDY, PROBS, TOP_K, False), 0)
         w = tl.where(use_r, tl.maximum(p - q, 0.0), p)
@@ -295,7 +295,7 @@ def position_chunked_kernel(
     seed_ptr, seed_stride, offset_ptr, offset_stride, inf_ptr, s_ib, s_il,
     probs_ptr, ent_ptr, tvd_ptr, acc_ptr, dist_ptr,
     res_ptr, later_ptr, flags_ptr,
-    L, V, cfg_scale, inv_t, top_k, rule_p0, rule_p1, top_p, log_min_p,
+    L, V, st,
     nb_ptr, s_nb, nb_k, gsd_ptr,
     HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr, TOP_K: tl.constexpr,
     RULE: tl.constexpr, COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr,
@@ -305,6 +305,8 @@ def position_chunked_kernel(
     HAS_INFORMED: tl.constexpr = False,
 ):
     """Grid (B·L,): one program per (row, window position), the row in BLOCK_V chunks. Parameters: common.py."""
+    cfg_scale, inv_t, top_k = st.cfg_scale, st.inv_t, st.top_k  # the call's settings (verify.KernelSettings)
+    top_p, log_min_p, params = st.top_p, st.log_min_p, st.params
     pid = tl.program_id(0).to(tl.int64)
     b = pid // L
     i = pid % L
@@ -336,11 +338,11 @@ def position_chunked_kernel(
     q_x = tl.where(bad_q | ~x_in_support, 0.0, q_x)
     extra_x = tl.zeros_like(h)
     if rules.is_lantern(RULE):  # the draft's neighbours' mass: k gathers (the restrictions are one order-key threshold)
-        limit = rules.lantern_limit(p_x, rule_p0, RULE)
+        limit = rules.lantern_limit(p_x, params[0], RULE)
         extra_x = rules.lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), limit, c_row, u_row, m,
                                       1.0 / z_sum, thr, 0.0, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, PROBS,
                                       RESTRICT, False)
-    a, strict_a = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
+    a, strict_a = rules.acceptance(p_x, q_x, h, tvd, params, extra_x, RULE)
     informed = rules.slot_informed(inf_ptr, s_ib, s_il, b, i, HAS_INFORMED)
     a = tl.where(informed, a, strict_a)
     accepted = has_draft & (u_acc < a)
@@ -349,10 +351,10 @@ def position_chunked_kernel(
     use_r = has_draft & ~bad_q & (residual > 0)
     dist, resampled, from_p = _draw_sweep(
         c_row, u_row, q_row, s_qv, x, bad_q, use_r, u_smp * tl.where(use_r, residual, p_total), u_smp * p_total,
-        h, rule_p0, rule_p1, nb_ptr, s_nb, nb_k, V, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, HAS_Q, GREEDY,
+        h, params, nb_ptr, s_nb, nb_k, V, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, HAS_Q, GREEDY,
         RESTRICT, COUPLING == INDEPENDENT, PROBS, RULE, GATHER_DIST, BLOCK_V)
     if RULE == rules.CSD:
-        dist = tl.where(tvd < rule_p1, dist, 0.0)
+        dist = tl.where(tvd < params[1], dist, 0.0)
     if rules.is_lantern(RULE) and not GATHER_DIST:
         dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
     dist = tl.where(has_draft & informed, dist, 0.0)

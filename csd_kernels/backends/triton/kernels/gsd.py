@@ -131,15 +131,15 @@ def gsd_groups(p, q, offs, mask, V, group_rank, group_delta, ws_ptr, BLOCK_V: tl
 
 
 @triton.jit
-def gsd_term(p, q, offs, mask, support, x, V, rule_p0, rule_p1, ws_ptr, SORTED: tl.constexpr, BLOCK_V: tl.constexpr):
+def gsd_term(p, q, offs, mask, support, x, V, params, ws_ptr, SORTED: tl.constexpr, BLOCK_V: tl.constexpr):
     """(the draft's group ratio, q·a by token) of the position: with SORTED from the sorted row (q·a is read: the
     distortion, the residual), else from the draft's own group (q·a is then not read: q stands for it)."""
-    group_rank = (rule_p0 + tl.zeros((), tl.float32)).to(tl.int32)  # a float argument (an int in the table)
+    group_rank = (params[0] + tl.zeros((), tl.float32)).to(tl.int32)  # a float argument (an int in the table)
     if SORTED:
-        a_tok = gsd_groups(p, q, offs, mask, V, group_rank, rule_p1, ws_ptr, BLOCK_V, BLOCK_V.bit_length())
+        a_tok = gsd_groups(p, q, offs, mask, V, group_rank, params[1], ws_ptr, BLOCK_V, BLOCK_V.bit_length())
         ratio_x = tl.sum(tl.where(offs == x, a_tok, 0.0), 0)
         qa = tl.where(support, q * a_tok, 0.0)
     else:
-        ratio_x = gsd_draft_acceptance(p, q, offs, mask, x, V, group_rank, rule_p1)
+        ratio_x = gsd_draft_acceptance(p, q, offs, mask, x, V, group_rank, params[1])
         qa = q
     return ratio_x, qa

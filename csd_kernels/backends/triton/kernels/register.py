@@ -61,7 +61,7 @@ def position_kernel(
     seed_ptr, seed_stride, offset_ptr, offset_stride, inf_ptr, s_ib, s_il,
     probs_ptr, ent_ptr, tvd_ptr, acc_ptr, dist_ptr,
     res_ptr, later_ptr, flags_ptr,
-    L, V, cfg_scale, inv_t, top_k, rule_p0, rule_p1, top_p, log_min_p,
+    L, V, st,
     nb_ptr, s_nb, nb_k, gsd_ptr,
     HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr, TOP_K: tl.constexpr,
     RULE: tl.constexpr, COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr,
@@ -74,6 +74,8 @@ def position_kernel(
     """Grid (B·L,): one program per (row, window position), BLOCK_V >= V. Parameters: see common.py and rules.py
     (gsd_ptr: gsd's scratch, 4·BLOCK_V + 2 floats per position). GSD_ROWS: grid (B,), after the first launch: the
     resampled token of each row's first stop, with the row sorted (nothing else is stored)."""
+    cfg_scale, inv_t, top_k = st.cfg_scale, st.inv_t, st.top_k  # the call's settings (verify.KernelSettings)
+    top_p, log_min_p, params = st.top_p, st.log_min_p, st.params
     if GSD_ROWS:
         b = tl.program_id(0).to(tl.int64)
         stop = first_stop(flags_ptr + b * L, L)
@@ -148,21 +150,21 @@ def position_kernel(
     qa = q
     GSD_SORTED: tl.constexpr = GATHER_DIST or GSD_ROWS  # every a(y) is read (else the draft's group decides)
     if RULE == rules.GSD:
-        extra_x, qa = gsd_term(p, q, offs, mask, support, x, V, rule_p0, rule_p1, gsd_ptr + pid * (4 * BLOCK_V + 2),
+        extra_x, qa = gsd_term(p, q, offs, mask, support, x, V, params, gsd_ptr + pid * (4 * BLOCK_V + 2),
                                GSD_SORTED, BLOCK_V)
     if rules.is_lantern(RULE):
-        limit = rules.lantern_limit(p_x, rule_p0, RULE)
+        limit = rules.lantern_limit(p_x, params[0], RULE)
         extra_x = rules.lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), limit, c_row, u_row, m, inv_z,
                                       thr_key, log_min_p, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, PROBS,
                                       RESTRICT, MIN_P)
-    a, strict_a = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
+    a, strict_a = rules.acceptance(p_x, q_x, h, tvd, params, extra_x, RULE)
     informed = rules.slot_informed(inf_ptr, s_ib, s_il, b, i, HAS_INFORMED)
     a = tl.where(informed, a, strict_a)
     dist = tl.zeros_like(h)
     if rules.has_token_terms(RULE):
-        dist = tl.sum(rules.distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE), 0)
+        dist = tl.sum(rules.distortion_terms(p, q, support, h, params, RULE), 0)
         if RULE == rules.CSD:
-            dist = tl.where(tvd < rule_p1, dist, 0.0)
+            dist = tl.where(tvd < params[1], dist, 0.0)
     elif RULE == rules.GSD:
         if GATHER_DIST:
             dist = tl.sum(tl.maximum(qa - p, 0.0), 0)
@@ -170,7 +172,7 @@ def position_kernel(
             dist = tl.full((), float("nan"), tl.float32)  # on request, as on the backends that sort only for it
     elif rules.is_lantern(RULE):
         if GATHER_DIST:
-            dist = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, rule_p0, c_row, u_row, m,
+            dist = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, params[0], c_row, u_row, m,
                                               inv_z, thr_key, log_min_p, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND,
                                               GREEDY, PROBS, RESTRICT, MIN_P), 0)
         else:

@@ -3,8 +3,9 @@ acceptance function and one residual function for every rule, the per-token dist
 neighbour gathers. The constexpr ``RULE`` of every verification kernel is a code of the table (STRICT ... LANTERN_PLUS
 below, read from it).
 
-Kernel parameters (named alike in every path): ``rule_p0``, ``rule_p1`` the rule's first two parameters (csd: λ, τ;
-gsd: k, δ; arsample: c, s0; lantern: δ, k; lantern++: λ, k); ``nb_ptr`` / ``s_nb`` / ``nb_k`` the neighbour table
+Kernel parameters (named alike in every path): ``params``, the rule's parameters as a tuple in the table's order, as
+many as it declares (csd: λ, τ; gsd: k, δ; arsample: c, s0; lantern: δ, k; lantern++: λ, k), read as ``params[i]``
+only in that rule's constexpr branch; ``nb_ptr`` / ``s_nb`` / ``nb_k`` the neighbour table
 [V, k] (lantern, lantern++); ``GATHER_DIST`` computes lantern's distortion (k gathers per token; NaN without).
 """
 
@@ -29,13 +30,13 @@ def is_lantern(RULE: tl.constexpr):
 
 
 @triton.jit
-def arsample_s(h, rule_p0, rule_p1):
+def arsample_s(h, params):
     """ARsample's s = clamp(H / c + s0, 0, 1)."""
-    return tl.minimum(tl.maximum(h / rule_p0 + rule_p1, 0.0), 1.0)
+    return tl.minimum(tl.maximum(h / params[0] + params[1], 0.0), 1.0)
 
 
 @triton.jit
-def acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE: tl.constexpr):
+def acceptance(p_x, q_x, h, tvd, params, extra_x, RULE: tl.constexpr):
     """(a(x), strict a(x)) as reference.rules.acceptance_at: 0 where q(x) = 0 (callers pass q(x) = 0 for a draft
     outside the support of p). extra_x: lantern's c_m(x) (lantern_bonus), gsd's group ratio (gsd.py)."""
     pos_ok = q_x > 0
@@ -43,9 +44,9 @@ def acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE: tl.constexpr):
     ratio = tl.where(pos_ok, p_x / safe_q, 0.0)
     strict_a = tl.minimum(ratio, 1.0)
     if RULE == CSD:
-        a = tl.minimum(tl.where(tvd < rule_p1, tl.where(pos_ok, ratio + rule_p0 * h, 0.0), ratio), 1.0)
+        a = tl.minimum(tl.where(tvd < params[1], tl.where(pos_ok, ratio + params[0] * h, 0.0), ratio), 1.0)
     elif RULE == ARSAMPLE:
-        s = arsample_s(h, rule_p0, rule_p1)
+        s = arsample_s(h, params)
         a = tl.where(pos_ok, tl.where(s > 0, tl.minimum(strict_a / tl.where(s > 0, s, 1.0), 1.0), 1.0), 0.0)
     elif is_lantern(RULE):
         a = tl.where(pos_ok, tl.minimum((p_x + extra_x) / safe_q, 1.0), 0.0)
@@ -81,14 +82,14 @@ def has_token_terms(RULE: tl.constexpr):
 
 
 @triton.jit
-def distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE: tl.constexpr):
+def distortion_terms(p, q, support, h, params, RULE: tl.constexpr):
     """max(q·a(y) − p(y), 0) per token for csd (with its gate open: the caller gates the sum) and arsample, division
     free where it can be: min(q − p, λH·q), min(q − p, p/s − p) for p < q in the support; 0 for the other rules."""
     gap = q - p
     if RULE == CSD:
-        cap = (rule_p0 * h) * q
+        cap = (params[0] * h) * q
     elif RULE == ARSAMPLE:
-        s = arsample_s(h, rule_p0, rule_p1)
+        s = arsample_s(h, params)
         cap = tl.where(s > 0, p / tl.where(s > 0, s, 1.0) - p, gap)
     else:
         cap = tl.zeros_like(gap)
@@ -96,11 +97,11 @@ def distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE: tl.constexpr):
 
 
 @triton.jit
-def lantern_limit(p_y, rule_p0, RULE: tl.constexpr):
+def lantern_limit(p_y, p0, RULE: tl.constexpr):
     """The bound on the neighbours' prefix sums at y: δ (lantern), (λ − 1)·p(y) (lantern++)."""
     if RULE == LANTERN:
-        return tl.zeros_like(p_y) + rule_p0
-    return (rule_p0 - 1.0) * p_y
+        return tl.zeros_like(p_y) + p0
+    return (p0 - 1.0) * p_y
 
 
 @triton.jit
@@ -150,14 +151,14 @@ def lantern_bonus(nb_ptr, s_nb, nb_k, x, limit, c_row, u_row, m, inv_z, thr_key,
 
 
 @triton.jit
-def lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, rule_p0, c_row, u_row, m, inv_z, thr_key, log_min_p,
+def lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, p0, c_row, u_row, m, inv_z, thr_key, log_min_p,
                   amax, V, cfg_scale, inv_t, RULE: tl.constexpr, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr,
                   PROBS: tl.constexpr, RESTRICT: tl.constexpr, MIN_P: tl.constexpr):
     """lantern's distortion terms at the tokens ``offs`` (a block): min(q − p, c_m(y)) for p < q in the support, the
     neighbours walked until the prefix passes the bound or reaches q − p (k gathers per token at most)."""
     live = support & (p < q)
     gap = q - p
-    limit = lantern_limit(p, rule_p0, RULE)
+    limit = lantern_limit(p, p0, RULE)
     acc = tl.zeros(p.shape, tl.float64)
     best = tl.zeros(p.shape, tl.float32)
     alive = live

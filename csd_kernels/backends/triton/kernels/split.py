@@ -56,11 +56,12 @@ def split_stats_kernel(
     logits_ptr, s_cb, s_cl, uncond_ptr, s_ub, s_ul,
     positions_ptr, s_pos, seed_ptr, seed_stride,
     stats_ptr, index_ptr, position_count_ptr, row_count_ptr,
-    L, V, cfg_scale, inv_t,
+    L, V, st,
     HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, GUMBEL: tl.constexpr, PER_ROW_SEED: tl.constexpr,
     BLOCK_V: tl.constexpr, SEED_VALUE: tl.constexpr = False,
 ):
     """Grid (B·L·S,): the slice statistics. Parameters: common.py."""
+    cfg_scale, inv_t = st.cfg_scale, st.inv_t
     pid, position, n_split, s, b, i, offs, mask = _split_coords(L, V, BLOCK_V)
     # the counters of split_finish_kernel, zeroed here so that a launch (or a CUDA-graph replay) needs no memset
     tl.store(position_count_ptr + position, 0, mask=s == 0)
@@ -213,7 +214,7 @@ def split_finish_kernel(
     res_ptr, later_ptr, flags_ptr,
     stats_ptr, index_ptr, sums_ptr, bad_q_ptr, position_count_ptr, row_count_ptr,
     tokens_ptr, accept_len_ptr, status_ptr,
-    L, V, cfg_scale, inv_t, rule_p0, rule_p1, nb_ptr, s_nb, nb_k,
+    L, V, st, nb_ptr, s_nb, nb_k,
     HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr, RULE: tl.constexpr,
     COUPLING: tl.constexpr, RETURN_PROBS: tl.constexpr, PER_ROW_SEED: tl.constexpr,
     BLOCK_V: tl.constexpr, S_BLOCK: tl.constexpr, BLOCK_L: tl.constexpr,
@@ -221,6 +222,7 @@ def split_finish_kernel(
     HAS_INFORMED: tl.constexpr = False,
 ):
     """Grid (B·L·S,), after split_stats_kernel. Parameters: common.py, plus the workspaces of the module docstring."""
+    cfg_scale, inv_t, params = st.cfg_scale, st.inv_t, st.params
     pid, position, n_split, s, b, i, offs, mask = _split_coords(L, V, BLOCK_V)
     bad, m, inv_z, h, amax, gumbel_later = _combine_stats(stats_ptr, index_ptr, position, n_split, V, GREEDY,
                                                           COUPLING == GUMBEL, S_BLOCK)
@@ -239,9 +241,9 @@ def split_finish_kernel(
     tl.store(sums_ptr + pid * N_SUMS + 2, tl.sum(p, 0))
     terms = tl.zeros((), tl.float32)
     if rules.has_token_terms(RULE):
-        terms = tl.sum(rules.distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE), 0)
+        terms = tl.sum(rules.distortion_terms(p, q, support, h, params, RULE), 0)
     if rules.is_lantern(RULE) and GATHER_DIST:  # k gathers per token of the slice
-        terms = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, rule_p0, c_row, u_row, m, inv_z,
+        terms = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, params[0], c_row, u_row, m, inv_z,
                                            0, 0.0, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND, GREEDY, False, False,
                                            False), 0)
     tl.store(sums_ptr + pid * N_SUMS + 3, terms)
@@ -282,17 +284,17 @@ def split_finish_kernel(
 
         extra_x = tl.zeros_like(h)
         if rules.is_lantern(RULE):  # the draft's neighbours' mass: k gathers
-            limit = rules.lantern_limit(p_x, rule_p0, RULE)
+            limit = rules.lantern_limit(p_x, params[0], RULE)
             extra_x = rules.lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), limit, c_row, u_row, m,
                                           inv_z, 0, 0.0, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, False, False,
                                           False)
-        a, strict_a = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra_x, RULE)
+        a, strict_a = rules.acceptance(p_x, q_x, h, tvd, params, extra_x, RULE)
         informed = rules.slot_informed(inf_ptr, s_ib, s_il, b, i, HAS_INFORMED)
         a = tl.where(informed, a, strict_a)
         # the slices summed the rule's terms; a flagged q counts as the zero vector
         dist = tl.sum(tl.load(sums + 3, mask=smask, other=0.0, cache_modifier=".cg"), 0)
         if RULE == rules.CSD:
-            dist = tl.where(tvd < rule_p1, dist, 0.0)
+            dist = tl.where(tvd < params[1], dist, 0.0)
         if rules.is_lantern(RULE) and not GATHER_DIST:
             dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
         dist = tl.where(has_draft & ~bad_q_row & informed, dist, 0.0)

@@ -76,8 +76,8 @@ def _load_node(c_row, u_row, q_row, s_qv, has_q, scr_p, scr_q, V, thr, m, z_sum,
 
 
 @triton.jit
-def _distortion(c_row, u_row, q_row, s_qv, scr_p, nb_ptr, s_nb, nb_k, V, thr, m, z_sum, amax, bad, inv_v, h, rule_p0,
-                rule_p1, cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, RESTRICT: tl.constexpr,
+def _distortion(c_row, u_row, q_row, s_qv, scr_p, nb_ptr, s_nb, nb_k, V, thr, m, z_sum, amax, bad, inv_v, h, params,
+                cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, RESTRICT: tl.constexpr,
                 RULE: tl.constexpr, BLOCK_V: tl.constexpr):
     """The rule's distortion at the node (csd's with its gate open: the caller gates it): the per-token terms of
     rules.distortion_terms, or lantern's (k gathers of the node's p in the scratch per token)."""
@@ -89,10 +89,10 @@ def _distortion(c_row, u_row, q_row, s_qv, scr_p, nb_ptr, s_nb, nb_k, V, thr, m,
                              HAS_UNCOND, GREEDY, RESTRICT)
         q = tl.load(q_row + offs * s_qv, mask=mask, other=0.0).to(tl.float32)
         if rules.is_lantern(RULE):
-            dist += tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, rule_p0, scr_p, scr_p, 0.0,
+            dist += tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, params[0], scr_p, scr_p, 0.0,
                                                1.0, 0, 0.0, 0, V, 1.0, 1.0, RULE, False, False, True, False, False), 0)
         else:
-            dist += tl.sum(rules.distortion_terms(p, q, support, h, rule_p0, rule_p1, RULE), 0)
+            dist += tl.sum(rules.distortion_terms(p, q, support, h, params, RULE), 0)
     return dist
 
 
@@ -154,11 +154,11 @@ def tree_kernel(
     q_ptr, s_qb, s_ql, s_qv,
     sib_ptr, s_sb, s_sl, s_sv,
     node_ptr, s_nb, s_ns,
-    children_ptr, s_kn, s_kr, depth_ptr,
+    children_ptr, s_kn, s_kr,
     seed_ptr, seed_stride, offset_ptr, offset_stride,
     scratch_ptr,
     accept_len_ptr, path_ptr, tokens_ptr, acc_ptr, ent_ptr, tvd_ptr, dist_ptr, status_ptr,
-    M, K, V, cfg_scale, inv_t, top_k, top_p, log_min_p, rule_p0, rule_p1, nb_ptr, s_nbr, nb_k, inf_ptr, s_ib, s_il,
+    M, K, V, st, nb_ptr, s_nbr, nb_k, inf_ptr, s_ib, s_il,
     HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr,
     RULE: tl.constexpr, PER_ROW_SEED: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_M: tl.constexpr,
     GATHER_DIST: tl.constexpr = False, HAS_INFORMED: tl.constexpr = False,
@@ -167,6 +167,8 @@ def tree_kernel(
     ``scratch_ptr`` [B, 2, V] fp32 holds the walk's current p and q. The main draft is tested by ``RULE`` (not
     gsd: its groups need the node's row sorted), the siblings strictly (rules.py's parameters); a level whose
     ``inf_ptr`` byte [B, M] is 0 (HAS_INFORMED) has an uninformed main draft, tested strictly too."""
+    cfg_scale, inv_t, top_k = st.cfg_scale, st.inv_t, st.top_k  # the call's settings (verify.KernelSettings)
+    top_p, log_min_p, params = st.top_p, st.log_min_p, st.params
     b = tl.program_id(0).to(tl.int64)
     RESTRICT: tl.constexpr = TOP_K or TOP_P or MIN_P
     k0, k1, row_id = row_key(seed_ptr, seed_stride, b, PER_ROW_SEED)
@@ -190,7 +192,7 @@ def tree_kernel(
         if done == 0:
             c_row = logits_ptr + b * s_cb + cur * s_cs
             u_row = uncond_ptr + b * s_ub + cur * s_us
-            level = tl.load(depth_ptr + cur)
+            level = i  # the walk descends one level per step: node cur lies at depth i
             q_level = tl.minimum(level, M - 1)
             q_row = q_ptr + b * s_qb + q_level * s_ql
             thr = restriction_threshold(c_row, u_row, V, top_k, top_p, log_min_p, cfg_scale, inv_t, HAS_UNCOND,
@@ -208,11 +210,11 @@ def tree_kernel(
             informed = rules.slot_informed(inf_ptr, s_ib, s_il, b, q_level, HAS_INFORMED)
             gate = (x_main >= 0) & (level < M) & informed
             if RULE == rules.CSD:
-                gate = gate & (tvd < rule_p1)
+                gate = gate & (tvd < params[1])
             if rules.has_token_terms(RULE) or (rules.is_lantern(RULE) and GATHER_DIST):
                 if gate:
                     dist = _distortion(c_row, u_row, q_row, s_qv, scr_p, nb_ptr, s_nbr, nb_k, V, thr, m, z_sum, amax,
-                                       bad, inv_v, h, rule_p0, rule_p1, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
+                                       bad, inv_v, h, params, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
                                        RESTRICT, RULE, BLOCK_V)
             elif rules.is_lantern(RULE):
                 dist = tl.where((x_main >= 0) & (level < M) & informed, float("nan"), 0.0)  # k gathers: on request
@@ -234,9 +236,9 @@ def tree_kernel(
                     if rules.is_lantern(RULE):  # the main draft's neighbours' mass, from the node's p in the scratch
                         if r == 0:
                             extra = rules.lantern_bonus(nb_ptr, s_nbr, nb_k, tl.where(q_x > 0, x, -1),
-                                                        rules.lantern_limit(p_x, rule_p0, RULE), scr_p, scr_p, 0.0,
+                                                        rules.lantern_limit(p_x, params[0], RULE), scr_p, scr_p, 0.0,
                                                         1.0, 0, 0.0, 0, V, 1.0, 1.0, False, False, True, False, False)
-                    a_rule, a_strict = rules.acceptance(p_x, q_x, h, tvd, rule_p0, rule_p1, extra, RULE)
+                    a_rule, a_strict = rules.acceptance(p_x, q_x, h, tvd, params, extra, RULE)
                     a = tl.where((r == 0) & informed, a_rule, a_strict)  # the rule relaxes an informed main draft
                     u_acc, _u = tree_uniforms(slot, off_lo, tag, k0, k1)
                     if u_acc < a:
