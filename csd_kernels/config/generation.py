@@ -61,7 +61,18 @@ def _rule_param(name: str):
                     shown=shown)
 
 
+def _with_rule_params(cls):
+    """``cls`` with one field per parameter of config/acceptance.py's rules (PARAMS), after its own: a rule's new
+    parameter is a setting of generate(), a --flag and a stats.json key without an edit here."""
+    for name, param in PARAMS.items():
+        kind, setting = ("int" if param.check.kind == "int" else "float"), _rule_param(name)
+        cls.__annotations__[name] = f"Optional[{kind}]" if setting.default is None else kind
+        setattr(cls, name, setting)
+    return cls
+
+
 @dataclass(frozen=True)
+@_with_rule_params
 class GenerationConfig:
     """The settings of :func:`csd_kernels.generate` (see its docstring and docs/decoding.md); every value is checked
     when the config is made (:class:`~.rules.ArgumentError` naming the field). ``config.replace(window=32)`` is a
@@ -110,16 +121,7 @@ class GenerationConfig:
     gather_distortion: bool = _setting(False, bool_rule(), "the distortion map of gsd, lantern and lantern++ too "
                                        "(every token's a(y): gsd sorts each row, lantern gathers k per token; NaN "
                                        "without)", flag=None)
-    # the acceptance rules' parameters, one field each (config/acceptance.py; tests/test_rules.py holds them to it)
-    entropy_coef: float = _rule_param("entropy_coef")
-    tvd_threshold: float = _rule_param("tvd_threshold")
-    group_rank: int = _rule_param("group_rank")
-    group_delta: float = _rule_param("group_delta")
-    arsample_scale: float = _rule_param("arsample_scale")
-    arsample_offset: float = _rule_param("arsample_offset")
-    lantern_delta: float = _rule_param("lantern_delta")
-    lantern_lambda: float = _rule_param("lantern_lambda")
-    lantern_k: Optional[int] = _rule_param("lantern_k")
+    # ... then the acceptance rules' parameters, one field each, in the table's order (_with_rule_params)
 
     def __post_init__(self):
         if self.coupling == "none":

@@ -33,17 +33,19 @@ def _speculative(rule, **facts) -> Mode:
     return Mode(rule.name, rule.name, help=f"speculative Jacobi decoding, {rule.label.split(' ')[0]}'s rule", **facts)
 
 
-# gsd's resampling law is max(p − q·a, 0), not the strict residual the maximal coupling redraws from: it drafts
-# independently, as its authors do, and draws no tree.
-_FACTS = {"gsd": dict(coupling=False, tree=False)}
-_ORDER = {rule: 0 if rule.name == "gsd" else 1 for rule in RULES}  # gsd before csd, as the modes always were
+def _facts(rule) -> dict:
+    """A rule whose resampling law is max(p − q·a, 0) (gsd), not the strict residual the maximal coupling redraws
+    from, drafts independently, as its authors do, and draws no tree."""
+    return dict(coupling=False, tree=False) if rule.residual_qa else {}
+
+
 MODE_TABLE: dict = {m.name: m for m in (
     Mode("ar", "strict", window=False, coupling=False, needs_q=False, tree=False, help="autoregressive, one token a "
          "pass"),
     Mode("jd", None, coupling=False, needs_q=False, tree=False, help="Jacobi decoding: a draft is kept while it "
          "equals the fresh sample"),
     Mode("sjd", "strict", help="speculative Jacobi decoding, lossless"),
-    *(_speculative(rule, **_FACTS.get(rule.name, {})) for rule in sorted(RULES[1:], key=_ORDER.get)),
+    *(_speculative(rule, **_facts(rule)) for rule in RULES if not rule.lossless),
 )}
 MODES = tuple(MODE_TABLE)
 TREE_MODES = tuple(name for name, m in MODE_TABLE.items() if m.tree)
