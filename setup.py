@@ -36,7 +36,8 @@ from setuptools import find_packages, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 FLAGS_FILE = os.path.join("csd_kernels", "backends", "build_flags.py")  # sources and flags, shared with the JIT
-BUILD_INPUTS = ("csrc", "python", "setup.py", FLAGS_FILE)  # what the extension is compiled from, relative to ROOT
+SPEC_FILE = os.path.join("csd_kernels", "backends", "spec.py")  # the ops' arguments (build_flags.ops_contract)
+BUILD_INPUTS = ("csrc", "python", "setup.py", FLAGS_FILE, SPEC_FILE)  # what the extension is compiled from (from ROOT)
 STAMP = os.path.join("csd_kernels", "_C.stamp")
 ZOO_MODELS = ("digits", "scenes")  # csd_kernels.zoo.<name>: code, weights/ (package data: no __init__.py) and README
 

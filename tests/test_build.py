@@ -48,7 +48,8 @@ def test_the_built_extension_records_the_running_torch():
         pytest.skip(f"csd_kernels._C not built: {compiled.load_error()}")
     recorded = flags.read_build_info(importlib.util.find_spec("csd_kernels._C").origin)
     assert recorded == flags.parse_build_info(extension.build_info().split(":", 1)[1])
-    assert {k: recorded[k] for k in ("torch", "cxx11_abi")} == {k: str(v) for k, v in flags.build_info(torch).items()}
+    assert {k: recorded[k] for k in ("torch", "cxx11_abi", "ops")} == {
+        k: str(v) for k, v in flags.build_info(torch).items()}
     assert int(recorded["cplusplus"].rstrip("L")) >= 201703
 
 
@@ -66,6 +67,33 @@ def test_a_mismatched_build_warns_in_one_line_and_is_not_loaded(monkeypatch):
     assert "\n" not in message
     assert "built for an unrecorded torch" in message and "running torch 9.9.9" in message
     assert "pip install --no-build-isolation ." in message and f"{jit.ENV}=1" in message
+
+
+def test_a_build_of_other_op_arguments_warns_in_one_line_and_is_not_loaded(monkeypatch):
+    """A _C compiled before backends/spec.py's arguments changed (an update without a rebuild) is not called with
+    arguments it does not take: one warning line, then the Triton / torch backends."""
+    built = {**{k: str(v) for k, v in flags.build_info(torch).items()}, "ops": "0" * 12}
+    monkeypatch.setattr(compiled.flags, "read_build_info", lambda _path: built)
+    monkeypatch.setattr(compiled.importlib.util, "find_spec", lambda _name: types.SimpleNamespace(origin=__file__))
+    monkeypatch.setattr(compiled.importlib, "import_module", lambda name: pytest.fail(f"imported {name}"))
+    monkeypatch.delenv(jit.ENV, raising=False)
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(ImportError):
+        warnings.simplefilter("always")
+        compiled._import_for_running_torch()
+    (warning,) = [w for w in caught if issubclass(w.category, compiled.BuildMismatchWarning)]
+    assert "\n" not in str(warning.message)
+    assert "built from another version of csd_kernels (its ops take other arguments)" in str(warning.message)
+
+
+def test_the_ops_contract_follows_the_declaration(tmp_path):
+    """The recorded contract changes with the ops' arguments (here: one more choice in the settings record)."""
+    import csd_kernels.backends.spec as spec_module
+
+    text = pathlib.Path(spec_module.__file__).read_text()
+    line = "    depth_limit: int = 1  # the tree's D (verify_tree)\n"
+    assert line in text
+    (tmp_path / "spec.py").write_text(text.replace(line, line + "    extra: int = 0\n"))
+    assert flags.ops_contract(str(tmp_path / "spec.py")) != flags.ops_contract()
 
 
 def test_the_package_falls_back_when_its_extension_is_for_another_torch():

@@ -91,18 +91,19 @@ def _warnings(output: str) -> list:
 
 
 def test_the_stamp_follows_every_build_input(tmp_path):
-    """Any change to csrc/, python/, setup.py, the flags or the torch changes the hash; the same tree elsewhere does
-    not."""
+    """Any change to csrc/, python/, setup.py, the flags, the ops' arguments or the torch changes the hash; the same
+    tree elsewhere does not."""
     tree = tmp_path / "tree"
     shutil.copytree(REPO / "csrc", tree / "csrc")
     shutil.copytree(REPO / "python", tree / "python")
     shutil.copy(REPO / "setup.py", tree / "setup.py")
     (tree / "csd_kernels" / "backends").mkdir(parents=True)
-    flags_file = pathlib.Path("csd_kernels", "backends", "build_flags.py")
-    shutil.copy(REPO / flags_file, tree / flags_file)
+    for name in ("build_flags.py", "spec.py"):
+        shutil.copy(REPO / "csd_kernels" / "backends" / name, tree / "csd_kernels" / "backends" / name)
     hashes = [_source_hash(tree)]
     assert hashes[0] == _source_hash(REPO)
-    for path in ("csrc/cpu/verify.cpp", "python/bindings.cpp", "setup.py", "csd_kernels/backends/build_flags.py"):
+    for path in ("csrc/cpu/verify.cpp", "python/bindings.cpp", "setup.py", "csd_kernels/backends/build_flags.py",
+                 "csd_kernels/backends/spec.py"):
         with open(tree / path, "a") as f:
             f.write("\n")
         hashes.append(_source_hash(tree))

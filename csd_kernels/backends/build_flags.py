@@ -7,6 +7,7 @@ when none is given, to g++ and nvcc both: C++17 for torch 2.11, C++20 for 2.13 a
 anything older). A fixed standard would hold for one torch only."""
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -32,8 +33,23 @@ BUILD_INFO_MARKER = b"csd_kernels-build-info:"
 
 
 def build_info(torch) -> dict:
-    """What a build for the running torch records: its version and C++ ABI (libstdc++'s _GLIBCXX_USE_CXX11_ABI)."""
-    return {"torch": torch.__version__, "cxx11_abi": int(bool(torch.compiled_with_cxx11_abi()))}
+    """What a build for the running torch records: its version and C++ ABI (libstdc++'s _GLIBCXX_USE_CXX11_ABI), and
+    the ops' argument declaration it was compiled against (ops_contract)."""
+    return {"torch": torch.__version__, "cxx11_abi": int(bool(torch.compiled_with_cxx11_abi())), "ops": ops_contract()}
+
+
+def ops_contract(path: str = "") -> str:
+    """A short hash of the ops' arguments as backends/spec.py declares them (the schemas and the settings record's
+    fields): a _C compiled before they changed is refused at import, not called with arguments it does not take.
+    (spec.py is loaded by path: setup.py reads this file before the package is importable.) ``path``: another
+    spec.py (tests)."""
+    path = path or os.path.join(os.path.dirname(os.path.abspath(__file__)), "spec.py")
+    loader = importlib.util.spec_from_file_location("csd_kernels_spec_contract", path)
+    spec = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(spec)
+    text = "|".join([spec.schema(spec.VERIFY_ARGS, spec.VERIFY_RETURNS), spec.schema(spec.TREE_ARGS, spec.TREE_RETURNS),
+                     *spec.SETTINGS, *spec.CHOICES])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def build_info_text(info: dict) -> str:
