@@ -10,7 +10,7 @@ import torch
 from . import reference as ref
 from .config.acceptance import rule_named
 from .ops.checks import check_rule
-from .ops.verify import Settings, VerifyArgs
+from .ops.verify import OpSettings, VerifyArgs
 
 __all__ = ["make_case", "reference_result", "backend_args", "compare", "rule_inputs", "STAT_NAMES"]
 
@@ -129,7 +129,7 @@ def backend_args(case: dict, *, cfg_scale: float = 1.0, temperature: float = 1.0
     vocab = case["target_logits"].shape[-1]
     rule_args = check_rule(rule, rule_params, neighbours, vocab, case["target_logits"].device)
     seed, offset = words or (case["seed"], case["offset"])
-    settings = Settings(cfg_scale=cfg_scale, temperature=temperature, top_p=1.0 if top_p is None else top_p,
+    settings = OpSettings(cfg_scale=cfg_scale, temperature=temperature, top_p=1.0 if top_p is None else top_p,
                         min_p=min_p or 0.0, top_k=top_k or 0, rule=rule_args.code,
                         coupling=ref.COUPLINGS.index(coupling), target_is_probs=target_is_probs,
                         gather_distortion=gather_distortion, return_probs=return_probs, rule_params=rule_args.params)

@@ -1,5 +1,5 @@
-// The per-call settings record of csd_kernels/backends/spec.py (Settings), as the compiled ops take it: `settings`
-// (floats, then the rule's parameters) and `choices` (ints and flags), read once into a Settings and checked here.
+// The per-call settings record of csd_kernels/backends/spec.py (OpSettings), as the compiled ops take it: `settings`
+// (floats, then the rule's parameters) and `choices` (ints and flags), read once into an OpSettings and checked here.
 // The indices below are spec.py's SETTINGS and CHOICES, in order (tests/test_rules.py holds them to it).
 #pragma once
 
@@ -21,7 +21,7 @@ enum ChoiceIndex : int {
   kChoCount
 };
 
-struct Settings {
+struct OpSettings {
   double cfg_scale, temperature, top_p, min_p;
   c10::ArrayRef<double> rule_params;  // as many as the rule declares
   int64_t top_k, rule, coupling, branching, depth_limit;
@@ -29,12 +29,12 @@ struct Settings {
 };
 
 // The record, its sizes and the values every op shares checked (op: "csd_kernels.<name>: ").
-inline Settings read_settings(c10::ArrayRef<double> settings, c10::ArrayRef<int64_t> choices, const char* op) {
+inline OpSettings read_settings(c10::ArrayRef<double> settings, c10::ArrayRef<int64_t> choices, const char* op) {
   TORCH_CHECK(settings.size() >= kSetRuleParams, op, "settings must hold at least ", int(kSetRuleParams),
               " floats (backends/spec.py's SETTINGS), got ", settings.size());
   TORCH_CHECK(choices.size() == kChoCount, op, "choices must hold ", int(kChoCount),
               " ints (backends/spec.py's CHOICES), got ", choices.size());
-  Settings s;
+  OpSettings s;
   s.cfg_scale = settings[kSetCfgScale];
   s.temperature = settings[kSetTemperature];
   s.top_p = settings[kSetTopP];

@@ -58,7 +58,7 @@ inline PreparedTree prepare_tree_call(const at::Tensor& target_logits, const std
                                       const at::Tensor& offset, c10::ArrayRef<double> settings,
                                       c10::ArrayRef<int64_t> choices) {
   const char* op = "csd_kernels.verify_tree_rows: ";
-  const Settings s = read_settings(settings, choices, op);
+  const OpSettings s = read_settings(settings, choices, op);
   TORCH_CHECK(target_logits.dim() == 3, op, "target_logits must be [B, S, V], got ", target_logits.sizes());
   const int64_t B = target_logits.size(0), S = target_logits.size(1), V = target_logits.size(2);
   TORCH_CHECK(V >= 1 && S >= 1, op, "target_logits must have S >= 1 slots and V >= 1 tokens");

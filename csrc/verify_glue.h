@@ -49,7 +49,7 @@ inline int logit_dtype_code(const at::Tensor& t, const char* name, const char* o
 
 // The rule, its parameters and its neighbour table into prm (shared by the chain and the tree glue). The table must
 // be int64 [V, k] with a unit last stride on `device`; lantern and lantern++ need it, the other rules ignore it.
-inline void set_rule(VerifyParams& p, const Settings& s, const std::optional<at::Tensor>& neighbours, int64_t V,
+inline void set_rule(VerifyParams& p, const OpSettings& s, const std::optional<at::Tensor>& neighbours, int64_t V,
                      at::Device device, const char* op) {
   const int64_t rule = s.rule;
   TORCH_CHECK(rule >= 0 && rule < kRuleCount, op, "rule must be a code of config/acceptance.py's table in [0, ",
@@ -79,7 +79,7 @@ inline void set_rule(VerifyParams& p, const Settings& s, const std::optional<at:
 
 // The target distribution's settings into prm (shared by the chain and the tree glue): CFG, 1/T rounded once,
 // top-k / top-p / ln(min-p) as the kernels read them, then the rule.
-inline void set_target(VerifyParams& p, const Settings& s, int64_t V, bool has_uncond,
+inline void set_target(VerifyParams& p, const OpSettings& s, int64_t V, bool has_uncond,
                        const std::optional<at::Tensor>& neighbours, at::Device device, const char* op) {
   p.vocab = V;
   p.has_uncond = has_uncond ? 1 : 0;
@@ -101,7 +101,7 @@ inline CheckedArgs check_verify_args(const at::Tensor& target_logits, const at::
                                      const std::optional<at::Tensor>& neighbours,
                                      const std::optional<at::Tensor>& informed, const at::Tensor& start,
                                      const at::Tensor& positions, const at::Tensor& seed, const at::Tensor& offset,
-                                     const Settings& s, at::Device device) {
+                                     const OpSettings& s, at::Device device) {
   const char* op = "csd_kernels.verify_rows: ";
   TORCH_CHECK(target_logits.dim() == 3, op, "target_logits must be [B, L, V], got ", target_logits.sizes());
   CheckedArgs a;

@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from csd_kernels import reference as ref  # noqa: E402
-from csd_kernels.backends.spec import Settings, TreeArgs  # noqa: E402
+from csd_kernels.backends.spec import OpSettings, TreeArgs  # noqa: E402
 from csd_kernels.backends.triton.verify_tree import verify_tree_triton  # noqa: E402
 from csd_kernels.ops.checks import check_rule  # noqa: E402
 from csd_kernels.testing import rule_inputs  # noqa: E402
@@ -73,7 +73,7 @@ def _run_triton(layout, logits, tokens, q, *, uncond_logits=None, cfg_scale=1.0,
                 seed, offset, **rule_params):
     dev = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
     checked = check_rule(rule, rule_params, dev(neighbours), logits.shape[-1], torch.device(DEVICE))
-    settings = Settings(cfg_scale=cfg_scale, temperature=temperature, top_p=1.0 if top_p is None else top_p,
+    settings = OpSettings(cfg_scale=cfg_scale, temperature=temperature, top_p=1.0 if top_p is None else top_p,
                         min_p=min_p or 0.0, top_k=top_k or 0, rule=checked.code, gather_distortion=gather_distortion,
                         branching=layout.branching, depth_limit=layout.depth_limit, rule_params=checked.params)
     out = verify_tree_triton(TreeArgs(

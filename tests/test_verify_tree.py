@@ -12,7 +12,7 @@ from torch.library import opcheck
 import csd_kernels as ck
 from csd_kernels import reference as ref
 from csd_kernels.backends.compiled import has_tree
-from csd_kernels.backends.spec import Settings, TreeArgs
+from csd_kernels.backends.spec import OpSettings, TreeArgs
 from csd_kernels.ops import verify_tree as tree_ops
 from csd_kernels.ops.checks import check_rule
 
@@ -302,7 +302,7 @@ def _op_args(backend: str, sibling: bool = True) -> tuple:
     x = _tree_inputs(3, 2, 8, 2, 12, cfg=True, sibling=sibling, missing=0.1)
     layout = x["layout"]
     checked = check_rule("csd", dict(entropy_coef=0.5, tvd_threshold=0.65), None, 12, torch.device("cpu"))
-    settings = Settings(cfg_scale=2.0, temperature=0.8, top_p=0.95, min_p=0.02, top_k=6, rule=checked.code,
+    settings = OpSettings(cfg_scale=2.0, temperature=0.8, top_p=0.95, min_p=0.02, top_k=6, rule=checked.code,
                         branching=3, depth_limit=2, rule_params=checked.params)
     args = TreeArgs(target_logits=x["target_logits"], uncond_logits=x["uncond_logits"], node_tokens=x["node_tokens"],
                     draft_probs=x["draft_probs"], sibling_probs=x.get("sibling_probs"), neighbours=None,

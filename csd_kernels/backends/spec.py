@@ -5,7 +5,7 @@ order; ops/ builds the ``torch.library`` schema of its custom ops from them, and
 extension's schemas (python/bindings.cpp) and its index of the record (csrc/settings.h) to them. Types are
 ``torch.library`` schema types.
 
-The scalars travel as one :class:`Settings` record, built once in ops/ (ops/checks.py's ``check_options``) and handed
+The scalars travel as one :class:`OpSettings` record, built once in ops/ (ops/checks.py's ``check_options``) and handed
 to the op as two lists: ``settings`` (the floats, then the rule's parameters in config/acceptance.py's order, as many
 as the rule declares) and ``choices`` (the integers and flags). A new per-call option is a field here, its check in
 ops/checks.py, its index in csrc/settings.h and the code that reads it.
@@ -17,7 +17,7 @@ import functools
 from collections import namedtuple
 from typing import NamedTuple
 
-__all__ = ["Arg", "Settings", "SETTINGS", "CHOICES", "VERIFY_ARGS", "TREE_ARGS", "VerifyArgs", "TreeArgs", "schema",
+__all__ = ["Arg", "OpSettings", "SETTINGS", "CHOICES", "VERIFY_ARGS", "TREE_ARGS", "VerifyArgs", "TreeArgs", "schema",
            "settings_of", "VERIFY_RETURNS", "TREE_RETURNS"]
 
 
@@ -26,7 +26,7 @@ class Arg(NamedTuple):
     type: str  # the torch.library schema type
 
 
-class Settings(NamedTuple):
+class OpSettings(NamedTuple):
     """The per-call scalars of verify / verify_tree, from the caller to every kernel. The float fields travel in
     ``settings`` (then ``rule_params``), the int and bool fields in ``choices``, both in this order."""
 
@@ -51,16 +51,16 @@ class Settings(NamedTuple):
         return self[_N_FLOATS:-1]  # (bools are ints to the schema's int[])
 
     @classmethod
-    def unpack(cls, settings, choices) -> "Settings":
+    def unpack(cls, settings, choices) -> "OpSettings":
         return cls(*settings[:_N_FLOATS], *(kind(v) for kind, v in zip(_CHOICE_TYPES, choices)),
                    tuple(settings[_N_FLOATS:]))
 
 
-_TYPES = {name: type(default) for name, default in Settings._field_defaults.items()}  # every field has a default
+_TYPES = {name: type(default) for name, default in OpSettings._field_defaults.items()}  # every field has a default
 SETTINGS = tuple(name for name, kind in _TYPES.items() if kind is float)  # the floats before the rule's parameters
 CHOICES = tuple(name for name, kind in _TYPES.items() if kind in (int, bool))
 _N_FLOATS, _CHOICE_TYPES = len(SETTINGS), tuple(_TYPES[name] for name in CHOICES)
-assert Settings._fields == (*SETTINGS, *CHOICES, "rule_params")  # floats, then ints, then the rule's parameters
+assert OpSettings._fields == (*SETTINGS, *CHOICES, "rule_params")  # floats, then ints, then the rule's parameters
 _RECORD = (Arg("settings", "float[]"), Arg("choices", "int[]"))
 
 VERIFY_ARGS = (
@@ -80,16 +80,16 @@ VerifyArgs = namedtuple("VerifyArgs", [a.name for a in VERIFY_ARGS])
 TreeArgs = namedtuple("TreeArgs", [a.name for a in TREE_ARGS])
 
 
-def settings_of(a) -> Settings:
+def settings_of(a) -> OpSettings:
     """The record of a VerifyArgs / TreeArgs (ops/ hands tuples: one unpacking per distinct record)."""
     if isinstance(a.settings, tuple) and isinstance(a.choices, tuple):
         return _unpacked(a.settings, a.choices)
-    return Settings.unpack(a.settings, a.choices)
+    return OpSettings.unpack(a.settings, a.choices)
 
 
 @functools.lru_cache(maxsize=256)
-def _unpacked(settings: tuple, choices: tuple) -> Settings:
-    return Settings.unpack(settings, choices)
+def _unpacked(settings: tuple, choices: tuple) -> OpSettings:
+    return OpSettings.unpack(settings, choices)
 
 
 def schema(spec: tuple, returns: int, extra: tuple = ()) -> str:

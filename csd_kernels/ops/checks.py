@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 
 from .. import reference as ref
-from ..backends.spec import Settings
+from ..backends.spec import OpSettings
 from ..config.acceptance import PARAMS, default_lantern_k, param_values, rule_named
 from ..config.rules import real_rule
 
@@ -175,13 +175,13 @@ def _check_neighbours(rule: str, neighbours, vocab: int, device: torch.device) -
 class Options(NamedTuple):
     """An op call's options as the backends take them: the record of its scalars and the rule's neighbour table."""
 
-    settings: Settings
+    settings: OpSettings
     neighbours: Optional[torch.Tensor]
 
 
 def check_options(op: str, *, has_uncond: bool, cfg_scale, temperature, top_k, top_p, min_p, coupling: str,
                   rule: str, rule_params: dict, neighbours, vocab: int, device: torch.device, **choices) -> Options:
-    """The options of ``op`` (verify, verify_tree) checked and made one :class:`~csd_kernels.backends.spec.Settings`,
+    """The options of ``op`` (verify, verify_tree) checked and made one :class:`~csd_kernels.backends.spec.OpSettings`,
     in one place: the scalars, the rule with its parameters and neighbour table, a coupling the rule's resampling law
     allows, top_p / min_p; ``choices``: the record's other fields (flags, the tree's shape), as given."""
     cfg_scale, temperature, top_k, coupling_code = check_scalars(has_uncond, cfg_scale, temperature, top_k, coupling)
@@ -190,6 +190,6 @@ def check_options(op: str, *, has_uncond: bool, cfg_scale, temperature, top_k, t
         raise ValueError(f"coupling='maximal' redraws from the strict residual max(p - q, 0); rule={rule!r} resamples "
                          "from max(p - q·a, 0): use coupling 'independent' or 'gumbel'")
     top_p, min_p = check_nucleus(top_p, min_p)
-    settings = Settings(cfg_scale=cfg_scale, temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k,
+    settings = OpSettings(cfg_scale=cfg_scale, temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k,
                         rule=checked.code, coupling=coupling_code, rule_params=checked.params, **choices)
     return Options(settings, checked.neighbours)

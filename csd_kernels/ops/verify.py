@@ -14,13 +14,13 @@ import torch
 
 from .. import reference as ref
 from ..backends.compiled import compiled_extension, verify_rows
-from ..backends.spec import CHOICES, VERIFY_ARGS, VERIFY_RETURNS, Arg, Settings, VerifyArgs, schema, settings_of
+from ..backends.spec import CHOICES, VERIFY_ARGS, VERIFY_RETURNS, Arg, OpSettings, VerifyArgs, schema, settings_of
 from ..config.acceptance import params_by_name
 from ..constants import SEED_LIMIT
 from .checks import SeedLike, check_device, check_informed, check_logits, check_options, philox_word, word_tensor
 from .registry import select_backend
 
-__all__ = ["VerifyResult", "VerifyArgs", "Settings", "verify"]
+__all__ = ["VerifyResult", "VerifyArgs", "OpSettings", "verify"]
 
 VerifyResult = ref.VerifyResult
 

@@ -209,7 +209,7 @@ std::string cpu_isa() {
 }
 
 CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cpu) {
-  const Settings s = read_settings(settings, choices, "csd_kernels.verify_rows: ");
+  const OpSettings s = read_settings(settings, choices, "csd_kernels.verify_rows: ");
   const CheckedArgs a = check_verify_args(target_logits, draft_tokens, draft_probs, uncond_logits, neighbours,
                                           informed, start, positions, seed, offset, s, target_logits.device());
   TORCH_CHECK(target_logits.device().is_cpu(), "csd_kernels.verify_rows (CPU): tensors must be on the CPU");

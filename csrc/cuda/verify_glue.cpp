@@ -11,7 +11,7 @@ namespace csd {
 
 CSD_VERIFY_ROWS_SIGNATURE(verify_rows_cuda) {
   TORCH_CHECK(target_logits.is_cuda(), "csd_kernels.verify_rows (CUDA): target_logits must be a CUDA tensor");
-  const Settings s = read_settings(settings, choices, "csd_kernels.verify_rows: ");
+  const OpSettings s = read_settings(settings, choices, "csd_kernels.verify_rows: ");
   const CheckedArgs a = check_verify_args(target_logits, draft_tokens, draft_probs, uncond_logits, neighbours,
                                           informed, start, positions, seed, offset, s, target_logits.device());
   const c10::cuda::CUDAGuard guard(target_logits.device());

@@ -31,7 +31,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ...config.acceptance import RULES
-from ..spec import Settings, VerifyArgs, settings_of
+from ..spec import OpSettings, VerifyArgs, settings_of
 
 try:  # pragma: no cover - exercised by whichever environment imports us
     import triton
@@ -125,7 +125,7 @@ def fp32(value: float) -> float:
 
 
 class KernelSettings(NamedTuple):
-    """The call's settings (backends/spec.Settings) as every Triton kernel takes them: one argument ``st``, read
+    """The call's settings (backends/spec.OpSettings) as every Triton kernel takes them: one argument ``st``, read
     ``st.<field>`` (a tuple to Triton: its scalars are kernel arguments, no device memory)."""
 
     cfg_scale: float
@@ -137,7 +137,7 @@ class KernelSettings(NamedTuple):
 
 
 @functools.lru_cache(maxsize=256)  # a pure function of a hashable record, asked on every call
-def kernel_settings(st: Settings) -> KernelSettings:
+def kernel_settings(st: OpSettings) -> KernelSettings:
     greedy = st.temperature == 0
     return KernelSettings(float(st.cfg_scale), 1.0 if greedy else fp32(1.0 / st.temperature), int(st.top_k),
                           fp32(st.top_p), fp32(math.log(st.min_p)) if st.min_p > 0 else float("-inf"),
