@@ -51,6 +51,86 @@ def _top_k_key(z, mask, top_k):
     return lo
 
 
+@triton.jit
+def _draft_row(q_row, s_qv, offs, mask, x, HAS_Q: tl.constexpr):
+    """(q, bad_q): the draft row (one-hot at x without draft_probs); a row that is not a distribution within
+    PROB_SUM_TOLERANCE is bad and used as zero."""
+    if HAS_Q:
+        q = tl.load(q_row + offs * s_qv, mask=mask, other=0.0).to(tl.float32)
+        bad_q = tl.max((mask & ~((q >= 0.0) & (q < float("inf")))).to(tl.int32), 0) > 0
+        bad_q = bad_q | ~(tl.abs(tl.sum(tl.where(mask, q, 0.0), 0) - 1.0) <= PROB_SUM_TOLERANCE)
+        q = tl.where(bad_q | ~mask, 0.0, q)
+    else:
+        bad_q = tl.full((), 0, tl.int1)
+        q = tl.where(offs == x, 1.0, 0.0)
+    return q, bad_q
+
+
+@triton.jit
+def _draft_term(p, q, p_x, q_x, x, h, support, offs, mask, st, nb_ptr, s_nb, nb_k, c_row, u_row, m, inv_z, thr_key,
+                amax, V, gsd_row, RULE: tl.constexpr, GSD_SORTED: tl.constexpr, HAS_UNCOND: tl.constexpr,
+                GREEDY: tl.constexpr, PROBS: tl.constexpr, RESTRICT: tl.constexpr, MIN_P: tl.constexpr,
+                BLOCK_V: tl.constexpr):
+    """(extra_x, qa): the rule's term of the draft for rules.acceptance (gsd: its group's ratio, lantern: its
+    neighbours' mass) and the q·a its residual takes (gsd; q for the others)."""
+    extra_x = tl.zeros_like(h)
+    qa = q
+    if RULE == rules.GSD:
+        extra_x, qa = gsd_term(p, q, offs, mask, support, x, V, st.params, gsd_row, GSD_SORTED, BLOCK_V)
+    if rules.is_lantern(RULE):
+        limit = rules.lantern_limit(p_x, st.params[0], RULE)
+        extra_x = rules.lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), limit, c_row, u_row, m, inv_z,
+                                      thr_key, st.log_min_p, amax, V, st.cfg_scale, st.inv_t, HAS_UNCOND, GREEDY,
+                                      PROBS, RESTRICT, MIN_P)
+    return extra_x, qa
+
+
+@triton.jit
+def _row_distortion(p, q, qa, support, h, tvd, st, nb_ptr, s_nb, nb_k, offs, c_row, u_row, m, inv_z, thr_key, amax, V,
+                    RULE: tl.constexpr, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, PROBS: tl.constexpr,
+                    RESTRICT: tl.constexpr, MIN_P: tl.constexpr, GATHER_DIST: tl.constexpr):
+    """The rule's distortion at the position (rules.py): closed-form terms, gsd's from the sorted row and lantern's
+    k gathers per token only when asked (NaN otherwise)."""
+    params = st.params
+    dist = tl.zeros_like(h)
+    if rules.has_token_terms(RULE):
+        dist = tl.sum(rules.distortion_terms(p, q, support, h, params, RULE), 0)
+        if RULE == rules.CSD:
+            dist = tl.where(tvd < params[1], dist, 0.0)
+    elif RULE == rules.GSD:
+        if GATHER_DIST:
+            dist = tl.sum(tl.maximum(qa - p, 0.0), 0)
+        else:
+            dist = tl.full((), float("nan"), tl.float32)  # on request, as on the backends that sort only for it
+    elif rules.is_lantern(RULE):
+        if GATHER_DIST:
+            dist = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, params[0], c_row, u_row, m,
+                                              inv_z, thr_key, st.log_min_p, amax, V, st.cfg_scale, st.inv_t, RULE,
+                                              HAS_UNCOND, GREEDY, PROBS, RESTRICT, MIN_P), 0)
+        else:
+            dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
+    return dist
+
+
+@triton.jit
+def _later_draw(p, z, x, has_draft, u_acc, u_smp, strict_a, resampled, amax, pos, row_id, k0, k1, offs, mask, V,
+                COUPLING: tl.constexpr, GREEDY: tl.constexpr, PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The next draft at a position after accept_len, by the coupling: a fresh draw from p, the draft kept with
+    probability min(1, p/q) else the resampled token (maximal), or argmax z + G (gumbel)."""
+    if COUPLING == INDEPENDENT:
+        later = inverse_cdf(p, offs, mask, u_smp, V, BLOCK_V)
+    elif COUPLING == MAXIMAL:
+        later = tl.where(has_draft & (u_acc < strict_a), x.to(tl.int32), resampled)
+    else:
+        tl.static_assert(COUPLING == GUMBEL)
+        if GREEDY and not PROBS:
+            later = amax
+        else:
+            g = -tl.log(-tl.log(gumbel_uniforms(0, pos, row_id, k0, k1, BLOCK_V)))
+            later = tl.argmax(z + g, 0, tie_break_left=True)
+    return later
+
+
 @triton.jit(do_not_specialize=["seed_ptr", "offset_ptr"])  # int seeds: one kernel for all
 def position_kernel(
     logits_ptr, s_cb, s_cl,
@@ -129,15 +209,7 @@ def position_kernel(
     h = -tl.sum(p * tl.log(tl.where(p > 0, p, 1.0)), 0)
     support = z > float("-inf")
 
-    # ---- draft distribution q (one-hot in registers when there is no draft_probs)
-    if HAS_Q:
-        q = tl.load(q_ptr + b * s_qb + i * s_ql + offs * s_qv, mask=mask, other=0.0).to(tl.float32)
-        bad_q = tl.max((mask & ~((q >= 0.0) & (q < float("inf")))).to(tl.int32), 0) > 0
-        bad_q = bad_q | ~(tl.abs(tl.sum(tl.where(mask, q, 0.0), 0) - 1.0) <= PROB_SUM_TOLERANCE)
-        q = tl.where(bad_q | ~mask, 0.0, q)
-    else:
-        bad_q = tl.full((), 0, tl.int1)
-        q = tl.where(offs == x, 1.0, 0.0)
+    q, bad_q = _draft_row(q_ptr + b * s_qb + i * s_ql, s_qv, offs, mask, x, HAS_Q)
     tvd = 0.5 * tl.sum(tl.abs(p - q), 0)
     p_x = tl.sum(tl.where(offs == x, p, 0.0), 0)
     q_x = tl.sum(tl.where((offs == x) & support, q, 0.0), 0)  # a draft outside the support is rejected
@@ -146,37 +218,15 @@ def position_kernel(
     RESTRICT: tl.constexpr = TOP_K or TOP_P
     c_row = logits_ptr + b * s_cb + i * s_cl
     u_row = uncond_ptr + b * s_ub + i * s_ul
-    extra_x = tl.zeros_like(h)
-    qa = q
     GSD_SORTED: tl.constexpr = GATHER_DIST or GSD_ROWS  # every a(y) is read (else the draft's group decides)
-    if RULE == rules.GSD:
-        extra_x, qa = gsd_term(p, q, offs, mask, support, x, V, params, gsd_ptr + pid * (4 * BLOCK_V + 2),
-                               GSD_SORTED, BLOCK_V)
-    if rules.is_lantern(RULE):
-        limit = rules.lantern_limit(p_x, params[0], RULE)
-        extra_x = rules.lantern_bonus(nb_ptr, s_nb, nb_k, tl.where(q_x > 0, x, -1), limit, c_row, u_row, m, inv_z,
-                                      thr_key, log_min_p, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, PROBS,
-                                      RESTRICT, MIN_P)
+    extra_x, qa = _draft_term(p, q, p_x, q_x, x, h, support, offs, mask, st, nb_ptr, s_nb, nb_k, c_row, u_row, m, inv_z,
+                              thr_key, amax, V, gsd_ptr + pid * (4 * BLOCK_V + 2), RULE, GSD_SORTED, HAS_UNCOND,
+                              GREEDY, PROBS, RESTRICT, MIN_P, BLOCK_V)
     a, strict_a = rules.acceptance(p_x, q_x, h, tvd, params, extra_x, RULE)
     informed = rules.slot_informed(inf_ptr, s_ib, s_il, b, i, HAS_INFORMED)
     a = tl.where(informed, a, strict_a)
-    dist = tl.zeros_like(h)
-    if rules.has_token_terms(RULE):
-        dist = tl.sum(rules.distortion_terms(p, q, support, h, params, RULE), 0)
-        if RULE == rules.CSD:
-            dist = tl.where(tvd < params[1], dist, 0.0)
-    elif RULE == rules.GSD:
-        if GATHER_DIST:
-            dist = tl.sum(tl.maximum(qa - p, 0.0), 0)
-        else:
-            dist = tl.full((), float("nan"), tl.float32)  # on request, as on the backends that sort only for it
-    elif rules.is_lantern(RULE):
-        if GATHER_DIST:
-            dist = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, params[0], c_row, u_row, m,
-                                              inv_z, thr_key, log_min_p, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND,
-                                              GREEDY, PROBS, RESTRICT, MIN_P), 0)
-        else:
-            dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
+    dist = _row_distortion(p, q, qa, support, h, tvd, st, nb_ptr, s_nb, nb_k, offs, c_row, u_row, m, inv_z, thr_key,
+                           amax, V, RULE, HAS_UNCOND, GREEDY, PROBS, RESTRICT, MIN_P, GATHER_DIST)
     dist = tl.where(has_draft & informed, dist, 0.0)
     pos, row_id, k0, k1, u_acc, u_smp = position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
                                                      offset_ptr + b * offset_stride, b, i, PER_ROW_SEED,
@@ -191,17 +241,8 @@ def position_kernel(
         resampled = inverse_cdf(tl.where(has_draft & (tl.sum(r, 0) > 0), r, p), offs, mask, u_smp, V, BLOCK_V)
 
     # ---- the draw for positions after accept_len
-    if COUPLING == INDEPENDENT:
-        later = inverse_cdf(p, offs, mask, u_smp, V, BLOCK_V)
-    elif COUPLING == MAXIMAL:
-        later = tl.where(has_draft & (u_acc < strict_a), x.to(tl.int32), resampled)
-    else:
-        tl.static_assert(COUPLING == GUMBEL)
-        if GREEDY and not PROBS:
-            later = amax
-        else:
-            g = -tl.log(-tl.log(gumbel_uniforms(0, pos, row_id, k0, k1, BLOCK_V)))
-            later = tl.argmax(z + g, 0, tie_break_left=True)
+    later = _later_draw(p, z, x, has_draft, u_acc, u_smp, strict_a, resampled, amax, pos, row_id, k0, k1, offs, mask, V,
+                        COUPLING, GREEDY, PROBS, BLOCK_V)
 
     if GSD_ROWS:
         tl.store(res_ptr + pid, resampled.to(tl.int32), mask=stop < L)
