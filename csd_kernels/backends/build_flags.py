@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 
 # relative to the source root: the repository, or csd_kernels/_csrc/ in an installed package (setup.py copies them)
 CPU_SOURCES = ("python/bindings.cpp", "csrc/cpu/verify.cpp", "csrc/cpu/verify_tree.cpp", "csrc/cpu/tree_candidates.cpp")
@@ -41,12 +42,14 @@ def build_info(torch) -> dict:
 def ops_contract(path: str = "") -> str:
     """A short hash of the ops' arguments as backends/spec.py declares them (the schemas and the settings record's
     fields): a _C compiled before they changed is refused at import, not called with arguments it does not take.
-    (spec.py is loaded by path: setup.py reads this file before the package is importable.) ``path``: another
-    spec.py (tests)."""
-    path = path or os.path.join(os.path.dirname(os.path.abspath(__file__)), "spec.py")
-    loader = importlib.util.spec_from_file_location("csd_kernels_spec_contract", path)
-    spec = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(spec)
+    The package's spec module when it is imported (the import-time check); else spec.py loaded by path (setup.py
+    reads this file before the package is importable). ``path``: another spec.py (tests)."""
+    spec = None if path else sys.modules.get(f"{__package__}.spec") if __package__ else None
+    if spec is None:
+        path = path or os.path.join(os.path.dirname(os.path.abspath(__file__)), "spec.py")
+        loader = importlib.util.spec_from_file_location("csd_kernels_spec_contract", path)
+        spec = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(spec)
     text = "|".join([spec.schema(spec.VERIFY_ARGS, spec.VERIFY_RETURNS), spec.schema(spec.TREE_ARGS, spec.TREE_RETURNS),
                      *spec.SETTINGS, *spec.CHOICES])
     return hashlib.sha256(text.encode()).hexdigest()[:12]

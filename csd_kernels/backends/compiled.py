@@ -54,19 +54,17 @@ def _import_for_running_torch():
 
 
 def mismatch_message(built: dict, running: dict) -> str:
-    if all(str(built.get(key)) == str(running[key]) for key in ("torch", "cxx11_abi")):
-        return (f"csd_kernels._C was built from another version of csd_kernels (its ops take other arguments): using "
-                f"the Triton / torch backends; rebuild it with `pip install --no-build-isolation .` in this "
-                f"environment, or set {jit.ENV}=1 to compile it")
-
     def describe(info):
         if "torch" not in info:
             return "an unrecorded torch (a build older than the record)"
         return f"torch {info['torch']} (C++11 ABI {info.get('cxx11_abi')})"
 
-    return (f"csd_kernels._C was built for {describe(built)}, running {describe(running)}: using the Triton / torch "
-            f"backends; rebuild with `pip install --no-build-isolation .` in this environment, or set {jit.ENV}=1 "
-            f"to compile it for this torch")
+    if all(str(built.get(key)) == str(running[key]) for key in ("torch", "cxx11_abi")):
+        what = "built from another version of csd_kernels (its ops take other arguments)"
+    else:
+        what = f"built for {describe(built)}, running {describe(running)}"
+    return (f"csd_kernels._C was {what}: using the Triton / torch backends; rebuild with `pip install "
+            f"--no-build-isolation .` in this environment, or set {jit.ENV}=1 to compile it for this torch")
 
 
 def compiled_extension():
