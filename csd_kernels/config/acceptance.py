@@ -7,7 +7,7 @@ holds its order to this table), GenerationConfig's parameter fields and the mode
 The maths of each rule is :mod:`csd_kernels.reference.rules` (the definition); every backend has one acceptance
 function and one residual function that switch on the code. Torch-free.
 
-A rule's parameters reach the kernels as ``Settings.rule_params`` (backends/spec.py): their values in the table's
+A rule's parameters reach the kernels as ``OpSettings.rule_params`` (backends/spec.py): their values in the table's
 order, as floats (integers are exact), as many as the rule declares.
 """
 

@@ -10,12 +10,12 @@ import torch
 
 from .. import reference as ref
 from ..backends.spec import OpSettings
-from ..config.acceptance import PARAMS, default_lantern_k, param_values, rule_named
+from ..config.acceptance import PARAMS, default_lantern_k, param_values, params_by_name, rule_named
 from ..config.rules import real_rule
 
 __all__ = ["FLOAT_DTYPES", "SeedLike", "check_real", "philox_word", "word_tensor", "check_logits", "check_device",
            "check_nucleus", "check_scalars", "check_informed", "check_rule", "rule_keywords", "CheckedRule", "Options",
-           "check_options"]
+           "check_options", "reference_options"]
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the logits the ops take
 SeedLike = Union[int, torch.Tensor]
@@ -193,3 +193,11 @@ def check_options(op: str, *, has_uncond: bool, cfg_scale, temperature, top_k, t
     settings = OpSettings(cfg_scale=cfg_scale, temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k,
                         rule=checked.code, coupling=coupling_code, rule_params=checked.params, **choices)
     return Options(settings, checked.neighbours)
+
+
+def reference_options(s: OpSettings) -> dict:
+    """The record as the reference's keywords (reference.verify and reference.verify_tree alike): None where a
+    restriction is off, the rule by name and its parameters by name."""
+    return dict(cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k or None,
+                top_p=s.top_p if s.top_p < 1.0 else None, min_p=s.min_p or None, rule=ref.RULES[s.rule],
+                gather_distortion=s.gather_distortion, **params_by_name(s.rule, s.rule_params))

@@ -15,9 +15,17 @@ import torch
 from .. import reference as ref
 from ..backends.compiled import compiled_extension, verify_rows
 from ..backends.spec import CHOICES, VERIFY_ARGS, VERIFY_RETURNS, Arg, OpSettings, VerifyArgs, schema, settings_of
-from ..config.acceptance import params_by_name
 from ..constants import SEED_LIMIT
-from .checks import SeedLike, check_device, check_informed, check_logits, check_options, philox_word, word_tensor
+from .checks import (
+    SeedLike,
+    check_device,
+    check_informed,
+    check_logits,
+    check_options,
+    philox_word,
+    reference_options,
+    word_tensor,
+)
 from .registry import select_backend
 
 __all__ = ["VerifyResult", "VerifyArgs", "OpSettings", "verify"]
@@ -35,11 +43,9 @@ def _torch_backend(a: VerifyArgs) -> tuple:
     probs_in = s.target_is_probs
     out = ref.verify(
         None if probs_in else a.target_logits, a.draft_tokens, a.draft_probs,
-        target_probs=a.target_logits if probs_in else None, uncond_logits=a.uncond_logits, cfg_scale=s.cfg_scale,
-        temperature=s.temperature, top_k=s.top_k or None, top_p=s.top_p if s.top_p < 1.0 else None,
-        min_p=s.min_p or None, rule=ref.RULES[s.rule], neighbours=a.neighbours, gather_distortion=s.gather_distortion,
+        target_probs=a.target_logits if probs_in else None, uncond_logits=a.uncond_logits, neighbours=a.neighbours,
         start=a.start, coupling=ref.COUPLINGS[s.coupling], positions=a.positions, seed=a.seed, offset=a.offset,
-        return_probs=s.return_probs, informed=a.informed, **params_by_name(s.rule, s.rule_params),
+        return_probs=s.return_probs, informed=a.informed, **reference_options(s),
     )
     probs = out.probs if s.return_probs else a.target_logits.new_empty((0,), dtype=torch.float32)
     return out.accept_len, out.tokens, probs, out.entropy, out.tvd, out.accept_prob, out.distortion, out.status

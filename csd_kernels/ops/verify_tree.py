@@ -16,9 +16,17 @@ import torch
 from .. import reference as ref
 from ..backends.compiled import has_tree, verify_tree_rows
 from ..backends.spec import TREE_ARGS, TREE_RETURNS, Arg, TreeArgs, schema, settings_of
-from ..config.acceptance import params_by_name
 from ..constants import SEED_LIMIT
-from .checks import SeedLike, check_device, check_informed, check_logits, check_options, philox_word, word_tensor
+from .checks import (
+    SeedLike,
+    check_device,
+    check_informed,
+    check_logits,
+    check_options,
+    philox_word,
+    reference_options,
+    word_tensor,
+)
 from .registry import select_tree_backend
 
 __all__ = ["TreeResult", "verify_tree"]
@@ -33,11 +41,8 @@ def _torch_backend(a: TreeArgs) -> tuple:
     s = settings_of(a)
     layout = device_layout(s.branching, s.depth_limit, a.target_logits.shape[1], a.target_logits.device)
     out = ref.verify_tree(a.target_logits, a.node_tokens, a.draft_probs, layout, uncond_logits=a.uncond_logits,
-                          cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k or None,
-                          top_p=s.top_p if s.top_p < 1.0 else None, min_p=s.min_p or None, rule=ref.RULES[s.rule],
-                          neighbours=a.neighbours, gather_distortion=s.gather_distortion,
-                          sibling_probs=a.sibling_probs, seed=a.seed, offset=a.offset, informed=a.informed,
-                          **params_by_name(s.rule, s.rule_params))
+                          neighbours=a.neighbours, sibling_probs=a.sibling_probs, seed=a.seed, offset=a.offset,
+                          informed=a.informed, **reference_options(s))
     return (out.accept_len, out.path, out.tokens, out.accept_prob.float(), out.entropy.float(), out.tvd.float(),
             out.distortion.float(), out.status)
 
