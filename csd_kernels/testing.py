@@ -9,7 +9,7 @@ import torch
 
 from . import reference as ref
 from .config.acceptance import rule_named
-from .ops.checks import check_rule
+from .ops.checks import check_distortion, check_rule
 from .ops.verify import OpSettings, VerifyArgs
 
 __all__ = ["make_case", "reference_result", "backend_args", "compare", "rule_inputs", "STAT_NAMES"]
@@ -115,6 +115,8 @@ def reference_result(case: dict, **options) -> ref.VerifyResult:
     cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
     options = dict(options)
     options.setdefault("cfg_scale", 1.0)
+    if options.get("max_distortion", 0.0) is None:  # verify's None: no cap
+        del options["max_distortion"]
     return ref.verify(**cpu, **options, compute_dtype=torch.float32)
 
 
@@ -123,14 +125,15 @@ def backend_args(case: dict, *, cfg_scale: float = 1.0, temperature: float = 1.0
                  neighbours: Optional[torch.Tensor] = None, gather_distortion: bool = False,
                  coupling: str = "independent", return_probs: bool = True, target_is_probs: bool = False,
                  words: Optional[tuple] = None, informed: Optional[torch.Tensor] = None,
-                 **rule_params) -> VerifyArgs:
+                 max_distortion: Optional[float] = None, **rule_params) -> VerifyArgs:
     """The backend functions' argument tuple (backends/spec.py) of a case and verify() options, as ops.verify builds
     it (the rule checked by the table); ``words``: (seed, offset) in place of the case's tensors."""
     vocab = case["target_logits"].shape[-1]
     rule_args = check_rule(rule, rule_params, neighbours, vocab, case["target_logits"].device)
     seed, offset = words or (case["seed"], case["offset"])
+    gather_distortion, cap = check_distortion(rule, gather_distortion, max_distortion)
     settings = OpSettings(cfg_scale=cfg_scale, temperature=temperature, top_p=1.0 if top_p is None else top_p,
-                        min_p=min_p or 0.0, top_k=top_k or 0, rule=rule_args.code,
+                        min_p=min_p or 0.0, max_distortion=cap, top_k=top_k or 0, rule=rule_args.code,
                         coupling=ref.COUPLINGS.index(coupling), target_is_probs=target_is_probs,
                         gather_distortion=gather_distortion, return_probs=return_probs, rule_params=rule_args.params)
     return VerifyArgs(target_logits=case["target_logits"], draft_tokens=case["draft_tokens"],

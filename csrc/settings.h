@@ -8,7 +8,7 @@
 
 namespace csd {
 
-enum SettingIndex : int { kSetCfgScale, kSetTemperature, kSetTopP, kSetMinP, kSetRuleParams };
+enum SettingIndex : int { kSetCfgScale, kSetTemperature, kSetTopP, kSetMinP, kSetMaxDistortion, kSetRuleParams };
 enum ChoiceIndex : int {
   kChoTopK,
   kChoRule,
@@ -22,7 +22,7 @@ enum ChoiceIndex : int {
 };
 
 struct OpSettings {
-  double cfg_scale, temperature, top_p, min_p;
+  double cfg_scale, temperature, top_p, min_p, max_distortion;
   c10::ArrayRef<double> rule_params;  // as many as the rule declares
   int64_t top_k, rule, coupling, branching, depth_limit;
   bool target_is_probs, gather_distortion, return_probs;
@@ -39,6 +39,7 @@ inline OpSettings read_settings(c10::ArrayRef<double> settings, c10::ArrayRef<in
   s.temperature = settings[kSetTemperature];
   s.top_p = settings[kSetTopP];
   s.min_p = settings[kSetMinP];
+  s.max_distortion = settings[kSetMaxDistortion];
   s.rule_params = settings.slice(kSetRuleParams);
   s.top_k = choices[kChoTopK];
   s.rule = choices[kChoRule];
@@ -54,6 +55,7 @@ inline OpSettings read_settings(c10::ArrayRef<double> settings, c10::ArrayRef<in
   TORCH_CHECK(s.top_k >= 0, op, "top_k must be >= 0 (0 = no restriction), got ", s.top_k);
   TORCH_CHECK(s.top_p > 0.0 && s.top_p <= 1.0, op, "top_p must lie in (0, 1] (1 = no restriction), got ", s.top_p);
   TORCH_CHECK(s.min_p >= 0.0 && s.min_p <= 1.0, op, "min_p must lie in [0, 1] (0 = no restriction), got ", s.min_p);
+  TORCH_CHECK(s.max_distortion >= 0.0, op, "max_distortion must be >= 0 (inf = no cap), got ", s.max_distortion);
   return s;
 }
 

@@ -62,6 +62,10 @@ inline void set_rule(VerifyParams& p, const OpSettings& s, const std::optional<a
   for (int j = 0; j < kMaxRuleParams; ++j)
     p.rule_params[j] = j < static_cast<int>(s.rule_params.size()) ? static_cast<float>(s.rule_params[j]) : 0.0f;
   p.gather_distortion = s.gather_distortion ? 1 : 0;
+  p.max_distortion = static_cast<float>(s.max_distortion);
+  // the cap compares the position's distortion, which a gathering rule computes only on request
+  TORCH_CHECK(!(std::isfinite(s.max_distortion) && rule_gathers_distortion(p.rule) && !s.gather_distortion), op,
+              "rule ", kRuleInfo[rule].name, " with max_distortion needs gather_distortion (its distortion)");
   p.neighbours = nullptr;
   p.nb_stride = p.nb_k = 0;
   if (rule_is_lantern(p.rule)) {

@@ -78,6 +78,8 @@ CASES = _no_gpu([
     ("generate", GEN + ["--top-p", "1.5"], "--top-p"),
     ("generate", GEN + ["--min-p", "-0.1"], "--min-p"),
     ("generate", GEN + ["--min-p", "nan"], "--min-p"),
+    ("generate", GEN + ["--max-distortion", "-0.1"], "--max-distortion"),
+    ("generate", GEN + ["--max-distortion", "nan"], "--max-distortion"),
     ("generate", GEN + ["--cfg-scale", "nan"], "--cfg-scale"),
     ("generate", GEN + ["--entropy-coef", "-1"], "--entropy-coef"),
     ("generate", GEN + ["--tvd-threshold", "2"], "--tvd-threshold"),

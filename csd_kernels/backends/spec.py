@@ -14,6 +14,7 @@ ops/checks.py, its index in csrc/settings.h and the code that reads it.
 from __future__ import annotations
 
 import functools
+import math
 from collections import namedtuple
 from typing import NamedTuple
 
@@ -34,6 +35,7 @@ class OpSettings(NamedTuple):
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0  # 1: no restriction
     min_p: float = 0.0  # 0: no restriction
+    max_distortion: float = math.inf  # a relaxed rule's cap per position (inf: none; reference.verify)
     top_k: int = 0  # 0: no restriction
     rule: int = 0  # config/acceptance.py's code
     coupling: int = 0  # reference.COUPLINGS' index (verify; verify_tree: 0)

@@ -121,6 +121,10 @@ class GenerationConfig:
     gather_distortion: bool = _setting(False, bool_rule(), "the distortion map of gsd, lantern and lantern++ too "
                                        "(every token's a(y): gsd sorts each row, lantern gathers k per token; NaN "
                                        "without)", flag=None)
+    max_distortion: Optional[float] = _setting(None, real_rule(0, optional=True), "a relaxed rule's cap on the "
+                                               "distortion it may spend at one token: above it the token is "
+                                               "verified strictly (0: lossless)", shown="none",
+                                               source="docs/op.md#a-cap-on-the-distortion")
     # ... then the acceptance rules' parameters, one field each, in the table's order (_with_rule_params)
 
     def __post_init__(self):

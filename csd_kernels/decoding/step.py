@@ -56,7 +56,7 @@ class Settings:
     seeds: torch.Tensor  # [B] per-row seeds
     need_q: bool  # drafts carry their q (sampling modes with T > 0)
     sampling: dict  # the target distribution: SAMPLING's keywords of verify / verify_tree
-    rule: dict  # the verification: rule=, its parameters, neighbours=, gather_distortion= (verify's keywords)
+    rule: dict  # the verification: rule=, its parameters, neighbours=, gather_distortion=, max_distortion= (verify's)
     tree: Optional[tuple] = None  # (K, D): a draft tree in the window (static loop; decoding/tree.py)
 
     @classmethod
@@ -65,7 +65,7 @@ class Settings:
            neighbours: Optional[torch.Tensor] = None) -> "Settings":
         mode = MODE_TABLE[config.mode]
         rule = dict(rule=mode.rule or "strict", neighbours=neighbours, gather_distortion=config.gather_distortion,
-                    **config.as_dict(tuple(PARAMS)))
+                    max_distortion=config.max_distortion, **config.as_dict(tuple(PARAMS)))
         return cls(mode=config.mode, window=window, total=total, width=width, vocab=vocab,
                    draft_init=config.draft_init, coupling=coupling, backend=config.backend, seeds=seeds,
                    need_q=config.temperature > 0 and mode.needs_q, sampling=config.as_dict(SAMPLING), rule=rule,

@@ -15,7 +15,7 @@ from ..config.rules import real_rule
 
 __all__ = ["FLOAT_DTYPES", "SeedLike", "check_real", "philox_word", "word_tensor", "check_logits", "check_device",
            "check_nucleus", "check_scalars", "check_informed", "check_rule", "rule_keywords", "CheckedRule", "Options",
-           "check_options", "reference_options"]
+           "check_distortion", "check_options", "reference_options"]
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the logits the ops take
 SeedLike = Union[int, torch.Tensor]
@@ -179,19 +179,34 @@ class Options(NamedTuple):
     neighbours: Optional[torch.Tensor]
 
 
+def check_distortion(rule: str, gather_distortion, max_distortion) -> tuple[bool, float]:
+    """(gather_distortion, the cap as a float, inf for None): the cap on a relaxed rule's distortion per position is
+    None or a real >= 0, and turns ``gather_distortion`` on for a rule whose distortion costs gathers (gsd, lantern):
+    the cap compares that distortion."""
+    cap = math.inf if max_distortion is None else max_distortion
+    number = isinstance(cap, (int, float)) and not isinstance(cap, bool)
+    if not number or not cap >= 0:  # (NaN fails too)
+        raise ValueError(f"max_distortion must be None (no cap) or a real >= 0, got {max_distortion!r}")
+    return bool(gather_distortion) or (cap < math.inf and rule_named(rule).distortion_gathers), float(cap)
+
+
 def check_options(op: str, *, has_uncond: bool, cfg_scale, temperature, top_k, top_p, min_p, coupling: str,
-                  rule: str, rule_params: dict, neighbours, vocab: int, device: torch.device, **choices) -> Options:
+                  rule: str, rule_params: dict, neighbours, vocab: int, device: torch.device, max_distortion=None,
+                  gather_distortion: bool = False, **choices) -> Options:
     """The options of ``op`` (verify, verify_tree) checked and made one :class:`~csd_kernels.backends.spec.OpSettings`,
     in one place: the scalars, the rule with its parameters and neighbour table, a coupling the rule's resampling law
-    allows, top_p / min_p; ``choices``: the record's other fields (flags, the tree's shape), as given."""
+    allows, top_p / min_p, the distortion cap; ``choices``: the record's other fields (flags, the tree's shape), as
+    given."""
     cfg_scale, temperature, top_k, coupling_code = check_scalars(has_uncond, cfg_scale, temperature, top_k, coupling)
     checked = check_rule(rule, rule_keywords(rule_params, op), neighbours, vocab, device)
     if coupling == "maximal" and rule_named(rule).residual_qa:
         raise ValueError(f"coupling='maximal' redraws from the strict residual max(p - q, 0); rule={rule!r} resamples "
                          "from max(p - q·a, 0): use coupling 'independent' or 'gumbel'")
     top_p, min_p = check_nucleus(top_p, min_p)
-    settings = OpSettings(cfg_scale=cfg_scale, temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k,
-                        rule=checked.code, coupling=coupling_code, rule_params=checked.params, **choices)
+    gather, cap = check_distortion(rule, gather_distortion, max_distortion)
+    settings = OpSettings(cfg_scale=cfg_scale, temperature=temperature, top_p=top_p, min_p=min_p, max_distortion=cap,
+                          top_k=top_k, rule=checked.code, coupling=coupling_code, gather_distortion=gather,
+                          rule_params=checked.params, **choices)
     return Options(settings, checked.neighbours)
 
 
@@ -200,4 +215,5 @@ def reference_options(s: OpSettings) -> dict:
     restriction is off, the rule by name and its parameters by name."""
     return dict(cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k or None,
                 top_p=s.top_p if s.top_p < 1.0 else None, min_p=s.min_p or None, rule=ref.RULES[s.rule],
-                gather_distortion=s.gather_distortion, **params_by_name(s.rule, s.rule_params))
+                gather_distortion=s.gather_distortion, max_distortion=s.max_distortion,
+                **params_by_name(s.rule, s.rule_params))

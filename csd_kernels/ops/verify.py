@@ -169,6 +169,7 @@ def verify(
     rule: str = "csd",
     neighbours: Optional[torch.Tensor] = None,
     gather_distortion: bool = False,
+    max_distortion: Optional[float] = None,
     start: Optional[Union[int, torch.Tensor]] = None,
     coupling: str = "independent",
     positions: Optional[Union[int, torch.Tensor]] = None,
@@ -191,6 +192,10 @@ def verify(
     ``arsample_offset=``, ``lantern_delta=``, ``lantern_lambda=``, ``lantern_k=``; the table's defaults; those of
     other rules are checked, not used). distortion: exact for every rule; lantern's and lantern++'s costs k gathers
     per token (V·k per position), so it is NaN unless ``gather_distortion=True``.
+    max_distortion: a cap on the distortion a relaxed rule may spend at one position: where the rule's distortion
+    there exceeds it, the position is decided by the strict test (distortion 0, the strict residual), as an
+    uninformed slot is; 0 makes every rule lossless, None (the default) is no cap. It turns ``gather_distortion``
+    on for the rules that gather (docs/op.md#a-cap-on-the-distortion).
     coupling: how the positions after accept_len get their next draft: "independent" (a fresh draw from p),
     "maximal" (the draft kept with probability min(1, p/q), else the residual draw; not with gsd, whose residual is
     not the strict one) or "gumbel" (argmax z + G).
@@ -229,7 +234,8 @@ def verify(
     o = check_options("verify", has_uncond=uncond_logits is not None, cfg_scale=cfg_scale, temperature=temperature,
                       top_k=top_k, top_p=top_p, min_p=min_p, coupling=coupling, rule=rule, rule_params=rule_params,
                       neighbours=neighbours, vocab=vocab, device=device, target_is_probs=target_is_probs,
-                      gather_distortion=bool(gather_distortion), return_probs=bool(return_probs))
+                      gather_distortion=gather_distortion, max_distortion=max_distortion,
+                      return_probs=bool(return_probs))
     informed = check_informed(informed, (batch, length), device)
     start = _index_tensor("start", start, batch, device, high=length)
     positions = _index_tensor("positions", positions, batch, device)

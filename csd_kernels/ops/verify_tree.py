@@ -114,6 +114,7 @@ def verify_tree(
     rule: str = "strict",
     neighbours: Optional[torch.Tensor] = None,
     gather_distortion: bool = False,
+    max_distortion: Optional[float] = None,
     sibling_probs: Optional[torch.Tensor] = None,
     seed: SeedLike,
     offset: SeedLike,
@@ -134,7 +135,8 @@ def verify_tree(
     with a negative or non-finite value, or not summing to 1 within PROB_SUM_TOLERANCE, is used as zero (its candidates
     are rejected, the node emits from p) and sets STATUS_BAD_DRAFT_PROBS. ``informed`` [B, M] bool: False where a
     level's main draft was drawn without information (a uniform fresh draft); it is tested strictly under every rule,
-    as in verify (docs/op.md#uninformed-drafts); None: every level informed. Never syncs with the host.
+    as in verify (docs/op.md#uninformed-drafts); None: every level informed. ``max_distortion``: as in verify, a
+    main draft whose node's distortion exceeds it is tested strictly. Never syncs with the host.
 
     Shape: target_logits, uncond_logits [B, S, V] float32/bfloat16/float16 (S = the layout's slots); node_tokens
     [B, S] integer (slot 0 unused, -1: missing); draft_probs, sibling_probs [B, M, V] float32 (M = layout.levels);
@@ -162,7 +164,7 @@ def verify_tree(
     o = check_options("verify_tree", has_uncond=uncond_logits is not None, cfg_scale=cfg_scale,
                       temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, coupling="independent",
                       rule=rule, rule_params=rule_params, neighbours=neighbours, vocab=vocab, device=device,
-                      gather_distortion=bool(gather_distortion), branching=layout.branching,
+                      gather_distortion=gather_distortion, max_distortion=max_distortion, branching=layout.branching,
                       depth_limit=layout.depth_limit)
     informed = check_informed(informed, (batch, levels), device, where="[B, M]")
     seed = word_tensor(philox_word("seed", seed, device, allow_per_row=batch, limit=SEED_LIMIT), device)

@@ -26,6 +26,7 @@ float64 and rounded to float32 before the comparison; (λ − 1) is formed in fl
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -34,7 +35,7 @@ from ..config.acceptance import RULES, AcceptanceRule, default_lantern_k, param_
 from .distributions import closed_form_distortion, entropy, total_variation
 
 __all__ = ["RULES", "rule_parameters", "Acceptance", "acceptance_at", "accepted_mass", "group_acceptance",
-           "neighbour_mass", "codebook_neighbours"]
+           "neighbour_mass", "codebook_neighbours", "relaxed_slots"]
 
 _LANTERN_CHUNK = 1 << 22  # gathered neighbour probabilities held at once by the full-vocabulary lantern terms
 
@@ -149,6 +150,16 @@ def accepted_mass(rule: str, p: torch.Tensor, q: torch.Tensor, **kwargs) -> torc
     """q(y)·a(y) for every token y: the probability of drafting y and accepting it.  Shape: [..., V]. Keywords: those
     of :class:`Acceptance` (support, h, tvd, neighbours, the rule's parameters)."""
     return Acceptance(rule, p, q, **kwargs).accepted_mass()
+
+
+def relaxed_slots(informed: Optional[torch.Tensor], distortion: torch.Tensor,
+                  max_distortion: float) -> Optional[torch.Tensor]:
+    """Where the rule decides (None: everywhere): an informed slot whose distortion is not above the cap; elsewhere
+    the strict test decides.  Shape: informed, distortion and the result [...]."""
+    if max_distortion == math.inf:
+        return informed
+    within = ~(distortion > max_distortion)
+    return within if informed is None else informed & within
 
 
 def neighbour_mass(p: torch.Tensor, tokens: torch.Tensor, neighbours: torch.Tensor,

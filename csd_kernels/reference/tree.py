@@ -10,6 +10,7 @@ that stays on it needs no key/value move.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -25,7 +26,7 @@ from .distributions import (
     total_variation,
 )
 from .rng import tree_uniforms
-from .rules import Acceptance
+from .rules import Acceptance, relaxed_slots
 
 __all__ = ["TreeLayout", "tree_nodes", "tree_layout", "tree_candidates", "rrs_step", "TreeWalk", "tree_walk",
            "TreeResult", "valid_levels", "tree_inputs", "verify_tree"]
@@ -154,7 +155,8 @@ class TreeWalk:
 def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: TreeLayout, u_accept: torch.Tensor,
               u_sample: torch.Tensor, support: Optional[torch.Tensor] = None, rule: str = "strict",
               sibling_q: Optional[torch.Tensor] = None, neighbours: Optional[torch.Tensor] = None,
-              informed: Optional[torch.Tensor] = None, **rule_params) -> TreeWalk:
+              informed: Optional[torch.Tensor] = None, max_distortion: float = math.inf,
+              **rule_params) -> TreeWalk:
     """Verify a draft tree: from the root, at each accepted node RRS over its children in rank order (their shared
     q is that of their level); the first accepted child is the next node; all rejected: emit a draw from the last
     residual; a node without children: emit a draw from its p. The emitted tokens are distributed exactly as the
@@ -166,7 +168,8 @@ def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: Tr
     siblings (ranks 1..) by strict RRS against ``sibling_q`` (default q), the law they were drawn from without
     replacement (tree_candidates on sibling_q): given any rejected main draft, strict RRS emits the residual's law.
     ``informed`` [B, M] bool (None: all): False where a level's main draft was drawn without information; it is then
-    tested strictly, as verify's ``informed`` (docs/op.md#uninformed-drafts).
+    tested strictly, as verify's ``informed`` (docs/op.md#uninformed-drafts); so is a main draft whose node's
+    distortion under the rule exceeds ``max_distortion`` (verify's cap).
 
     Shape: p [B, S, V] the target at each slot's output (the law of its children's position); tokens [B, S] each
     slot's token (-1: missing candidate); q, sibling_q [B, M, V] the q of each draft level; u_accept, u_sample
@@ -198,9 +201,9 @@ def tree_walk(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, layout: Tr
             main = _main_rule(p_j, q_j, sup, rule, neighbours, rule_params) if r == 0 else None
             relaxed = None if main is None else main.at(x[..., None])[..., 0]
             weights = None if main is None or not main.rule.residual_qa else main.residual()
-            if main is not None and informed is not None:  # an uninformed main draft: the strict test and residual
+            told = None if main is None else _main_relaxed(main, informed, level, max_distortion)
+            if told is not None:  # an uninformed or capped main draft: the strict test and residual
                 strict = Acceptance("strict", p_j, q_j, support=sup)
-                told = informed[:, min(level, levels - 1)]
                 relaxed = torch.where(told, relaxed, strict.at(x[..., None])[..., 0])
                 weights = None if weights is None else torch.where(told[:, None], weights, strict.residual())
             a, next_p, next_q = rrs_step(p_j, q_j, x, sup, relaxed, rest if r == 0 else None, weights)
@@ -275,20 +278,21 @@ def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_pr
                 min_p: Optional[float] = None, rule: str = "strict", neighbours: Optional[torch.Tensor] = None,
                 gather_distortion: bool = False, sibling_probs: Optional[torch.Tensor] = None,
                 seed: torch.Tensor, offset: torch.Tensor, informed: Optional[torch.Tensor] = None,
-                **rule_params) -> TreeResult:
+                max_distortion: float = math.inf, **rule_params) -> TreeResult:
     """The fused tree verification, defined: p at every slot (CFG, temperature, top-k / top-p / min-p), the walk
     on the tree stream's uniforms (tree_walk), and the stats of the nodes on the path.
 
     Shape: target_logits, uncond_logits [B, S, V]; node_tokens [B, S] (slot 0 unused, -1: missing candidate);
     draft_probs, sibling_probs [B, M, V] (M = layout.levels); seed, offset [1] or [B] int64; informed [B, M] bool or
-    None (tree_walk's: an uninformed level's main draft is tested strictly and spends no distortion)."""
+    None (tree_walk's: an uninformed level's main draft is tested strictly and spends no distortion, as is one whose
+    node's distortion exceeds ``max_distortion``)."""
     batch, slots, _ = target_logits.shape
     target = target_distribution(target_logits, uncond_logits, cfg_scale, temperature, top_k, torch.float32, top_p,
                                  min_p)
     node_tokens, q, sibling_q, status_in = tree_inputs(node_tokens, draft_probs, sibling_probs, target.p.shape[-1])
     u_accept, u_sample = tree_uniforms(seed, offset, batch, slots)
     walk = tree_walk(target.p, node_tokens, q, layout, u_accept, u_sample, target.support, rule, sibling_q,
-                     neighbours, informed, **rule_params)
+                     neighbours, informed, max_distortion, **rule_params)
     rows = torch.arange(batch, device=q.device)[:, None]
     on_path = walk.path >= 0
     node = walk.path.clamp(min=0)
@@ -300,18 +304,26 @@ def verify_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, draft_pr
     has_draft = (main_child >= 0) & (node_tokens.gather(1, main_child.clamp(min=0)) >= 0)
     acc = Acceptance(rule, p_at, q_at, support=target.support[rows, node], h=h, tvd=tvd, neighbours=neighbours,
                      **rule_params)
-    if acc.rule.distortion_gathers and not gather_distortion:
+    if acc.rule.distortion_gathers and not gather_distortion and max_distortion == math.inf:
         distortion = torch.full_like(h, float("nan"))
     else:
         distortion = acc.distortion()
     if informed is not None:  # node i's main draft is level i's; the last node has none
         has_draft = has_draft & torch.cat([informed, torch.ones_like(informed[:, :1])], 1)
-    distortion = torch.where(has_draft, distortion, 0)
+    distortion = torch.where(has_draft & ~(distortion > max_distortion), distortion, 0)
     zero = torch.zeros_like(h)
     status = (target.bad[rows, node] & on_path).any(-1).to(torch.int32) * STATUS_BAD_LOGITS
     status = status | status_in
     return TreeResult(walk.accept_len, walk.path, walk.tokens, walk.accept_prob, torch.where(on_path, h, zero),
                       torch.where(on_path, tvd, zero), torch.where(on_path, distortion, zero), status)
+
+
+def _main_relaxed(main: Acceptance, informed: Optional[torch.Tensor], level: int,
+                  max_distortion: float) -> Optional[torch.Tensor]:
+    """[B] where the rule tests the main draft at this level's nodes (None: every row), as verify's relaxed_slots."""
+    told = None if informed is None else informed[:, min(level, informed.shape[1] - 1)]
+    distortion = main.distortion() if max_distortion < math.inf else main.h  # (unread without a cap)
+    return relaxed_slots(told, distortion, max_distortion)
 
 
 def _main_rule(p, q, support, rule: str, neighbours, rule_params: dict) -> Optional[Acceptance]:

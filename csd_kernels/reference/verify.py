@@ -4,6 +4,7 @@ coupling and the result every backend returns. The ``torch`` backend *is* :func:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -25,7 +26,7 @@ from .distributions import (
     total_variation,
 )
 from .rng import gumbel_uniforms, step_uniforms
-from .rules import Acceptance
+from .rules import Acceptance, relaxed_slots
 
 __all__ = ["RULES", "COUPLINGS", "DEFAULT_ENTROPY_COEF", "DEFAULT_TVD_THRESHOLD", "VerifyResult", "accept_prefix",
            "assemble", "verify"]
@@ -117,6 +118,7 @@ def verify(
     compute_dtype: torch.dtype = torch.float32,
     uniforms: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     informed: Optional[torch.Tensor] = None,
+    max_distortion: float = math.inf,
     **rule_params,
 ) -> VerifyResult:
     """The reference verification step on already-validated arguments (see csd_kernels.verify for the API).
@@ -127,6 +129,9 @@ def verify(
     ``informed`` [B, L] bool (None: every slot): False where the slot's draft carries no information (a uniform fresh
     draft); such a slot is decided by the strict rule whatever ``rule`` is (a = min(1, p/q), distortion 0, the strict
     residual): a relaxed rule relaxes only a drafter's guess (docs/op.md#uninformed-drafts).
+    ``max_distortion``: where the rule's distortion at a slot exceeds it, the slot is decided strictly too (the cap a
+    relaxed rule may spend per position; inf: none). The decision is a function of p and q, so the slot's law is the
+    rule's below the cap and p above it.
     Shape: target_logits or target_probs [B, L, V], draft_tokens [B, L], draft_probs [B, L, V] or None,
     neighbours [V, k] int64 or None, start/positions [B], seed [1] or [B], offset [1] or [B] (per-row step-stream
     offsets).
@@ -142,20 +147,22 @@ def verify(
     p, q, x = target.p, drafts.q, drafts.token
     tvd = total_variation(p, q)  # q is the zero vector where there is neither a draft nor draft_probs: TVD = ½
     acc = Acceptance(rule, p, q, support=target.support, h=target.h, tvd=tvd, neighbours=neighbours, **rule_params)
-    strict = None if informed is None else Acceptance("strict", p, q, support=target.support)
-    a_x = _by_slot(informed, acc.at(x[..., None])[..., 0], lambda: strict.at(x[..., None])[..., 0])
-    accept_prob = torch.where(drafts.has_draft, a_x, torch.zeros_like(target.h))
-    asked = gather_distortion or not acc.rule.distortion_gathers  # else NaN (its cost: the rule's table)
+    capped = max_distortion < math.inf
+    asked = gather_distortion or capped or not acc.rule.distortion_gathers  # else NaN (its cost: the rule's table)
     q_times_a = acc.accepted_mass() if acc.rule.residual_qa or (asked and not acc.rule.lossless) else None
     distortion = acc.distortion(q_times_a) if asked else torch.full_like(target.h, float("nan"))
-    distortion = _by_slot(informed, distortion, lambda: torch.zeros_like(distortion))
+    relaxed = relaxed_slots(informed, distortion, max_distortion)
+    strict = None if relaxed is None else Acceptance("strict", p, q, support=target.support)
+    a_x = _by_slot(relaxed, acc.at(x[..., None])[..., 0], lambda: strict.at(x[..., None])[..., 0])
+    accept_prob = torch.where(drafts.has_draft, a_x, torch.zeros_like(target.h))
+    distortion = _by_slot(relaxed, distortion, lambda: torch.zeros_like(distortion))
     distortion = torch.where(drafts.has_draft, distortion, torch.zeros_like(distortion))
 
     u_accept, u_sample = step_uniforms(seed, offset, positions, length) if uniforms is None else (
         u.to(torch.float32) for u in uniforms)
     accepted = drafts.has_draft & (u_accept.to(compute_dtype) < accept_prob)
     accept_len, committed = accept_prefix(accepted, start, target.bad)
-    residual = _by_slot(informed, acc.residual(q_times_a), lambda: strict.residual(), per_token=True)
+    residual = _by_slot(relaxed, acc.residual(q_times_a), lambda: strict.residual(), per_token=True)
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
     from_p = inverse_cdf_sample(p, u_sample)
     resampled = torch.where(drafts.has_draft, inverse_cdf_sample(residual, u_sample), from_p)
@@ -164,12 +171,12 @@ def verify(
     return assemble(target, drafts, accept_len, committed, resampled, later, tvd, accept_prob, distortion, return_probs)
 
 
-def _by_slot(informed: Optional[torch.Tensor], by_rule: torch.Tensor, by_strict, per_token: bool = False):
-    """``by_rule`` where the slot is informed, ``by_strict()`` (the strict rule's value) where it is not; [B, L] (or
-    [B, L, V] with ``per_token``)."""
-    if informed is None:
+def _by_slot(relaxed: Optional[torch.Tensor], by_rule: torch.Tensor, by_strict, per_token: bool = False):
+    """``by_rule`` where the slot is relaxed (relaxed_slots), ``by_strict()`` (the strict rule's value) where it is
+    not; [B, L] (or [B, L, V] with ``per_token``)."""
+    if relaxed is None:
         return by_rule
-    return torch.where(informed[..., None] if per_token else informed, by_rule, by_strict())
+    return torch.where(relaxed[..., None] if per_token else relaxed, by_rule, by_strict())
 
 
 def _next_drafts(coupling, target, drafts, resampled, from_p, u_accept, temperature, seed, positions,

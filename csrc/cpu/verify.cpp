@@ -34,6 +34,7 @@
 #include <immintrin.h>
 #endif
 
+#include "../include/decision.h"
 #include "../include/gsd_row.h"
 #include "../include/philox.h"
 #include "../include/verify_row.h"

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "../include/block_ops.cuh"
+#include "../include/decision.h"
 #include "../include/gsd_row.h"
 #include "split.cuh"
 #include "verify.cuh"
@@ -29,11 +30,13 @@ namespace csd {
 namespace cuda {
 namespace {
 
+using Shared = BlockShared<kRowWarps>;
+
 // The top-p threshold (reference.restrict_top_p): the largest order key t whose mass, the sum of exp(z - max) over
 // the kept z with key >= t, reaches top_p times the mass of every kept z; a bisection over the 32-bit keys (±0 share
 // one key, as torch compares them equal). The returned z keeps ties at the threshold.
 template <typename T>
-__device__ float block_top_p_threshold(const Row<T>& row, int64_t V, float top_p, BlockShared<kRowWarps>& sh) {
+__device__ float block_top_p_threshold(const Row<T>& row, int64_t V, float top_p, Shared& sh) {
   auto key_of = [](float zv) { return float_order_key(zv == 0.0f ? 0.0f : zv); };
   auto mass = [&](uint32_t lo) {
     float s = 0.0f;
@@ -55,31 +58,28 @@ __device__ float block_top_p_threshold(const Row<T>& row, int64_t V, float top_p
   return float_from_order_key(static_cast<uint32_t>(lo));
 }
 
+// fp64 sum over the block of f(v), v < V: fp32 per thread, as every sum of this kernel.
+template <class F>
+__device__ __forceinline__ double strided_sum(int64_t V, F f, Shared& sh) {
+  float s = 0.0f;
+  for (int64_t v = threadIdx.x; v < V; v += kRowThreads) s = f_add(s, f(v));
+  return block_sum(s, sh);
+}
+
+// 1. What the first pass over the logits finds: max z, bad input (or no finite logit), and for target probabilities
+// their sums Z = sum w and sum w ln w.
+struct Target {
+  float m;
+  bool bad;
+  double w_sum, wl_sum;
+};
+
 template <typename T>
-__global__ void __launch_bounds__(kRowThreads) verify_position_kernel(csd::VerifyProblem a) {
-  __shared__ BlockShared<kRowWarps> sh;
-  const int64_t item = blockIdx.x;
-  const int64_t b = item / a.L, i = item % a.L;
-  const int64_t V = a.prm.vocab;
-  const VerifyParams prm = params_at(a, b, i);
-
-  Row<T> row = make_row<T>(a, b, i);
-
-  const int64_t raw_tok = a.draft_tokens[b * a.dt_sB + i * a.dt_sL];
-  const bool bad_token = draft_token_is_bad(raw_tok, V);
-  const int64_t token = bad_token ? -1 : raw_tok;
-  const bool has_draft = token >= 0;
-  const bool shared_seed = a.n_seed == 1;
-  const RowKey key = row_key(a.seed[shared_seed ? 0 : b], shared_seed, b);
-  const uint32_t pos = absolute_position(a.positions[b], i);
-  float u_accept, u_sample;
-  step_uniforms(key, pos, a.offset[a.n_offset == 1 ? 0 : b], &u_accept, &u_sample);
-
-  // 1. max and bad input (target probabilities: also their sums Z = sum w and sum w ln w)
+__device__ __forceinline__ Target scan_target(const VerifyParams& prm, const Row<T>& row, Shared& sh) {
   float m = -f_inf();
   bool bad = false;
   float ws = 0.0f, wls = 0.0f;
-  for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
+  for (int64_t v = threadIdx.x; v < prm.vocab; v += kRowThreads) {
     bool bad_v;
     const float zv = row.z_checked(v, &bad_v);
     bad |= bad_v;
@@ -90,229 +90,229 @@ __global__ void __launch_bounds__(kRowThreads) verify_position_kernel(csd::Verif
       wls = f_add(wls, f_mul(wv, zv));
     }
   }
-  m = block_max(m, sh);
-  bool bad_logits = block_any(bad, sh) || !(m > -f_inf());  // bad input, or no finite logit
-  double w_sum = 0.0, wl_sum = 0.0;
+  Target t;
+  t.m = block_max(m, sh);
+  t.bad = block_any(bad, sh) || !(t.m > -f_inf());
+  t.w_sum = t.wl_sum = 0.0;
   if (prm.probs_input) {
-    w_sum = block_sum(ws, sh);
-    wl_sum = block_sum(wls, sh);
-    bad_logits = bad_logits || !(fabs(w_sum - 1.0) <= prm.prob_sum_tolerance);
+    t.w_sum = block_sum(ws, sh);
+    t.wl_sum = block_sum(wls, sh);
+    t.bad = t.bad || !(fabs(t.w_sum - 1.0) <= prm.prob_sum_tolerance);
   }
+  return t;
+}
 
+// The draft probabilities of slot (b, i), checked: finite, >= 0, summing to 1 within the tolerance.
+__device__ __forceinline__ QRow read_draft_probs(const VerifyProblem& a, const VerifyParams& prm, int64_t b,
+                                                 int64_t i, const DraftSlot& slot, bool* bad_probs, Shared& sh) {
   const float* q = a.draft_probs ? a.draft_probs + b * a.q_sB + i * a.q_sL : nullptr;
   const bool q_scalar = q && a.q_sV == 0;
-  bool bad_probs = false;
+  bool bad = false;
   if (q) {
     bool qbad = false;
     float qs = 0.0f;
-    for (int64_t v = threadIdx.x; v < (q_scalar ? 1 : V); v += kRowThreads) {
+    for (int64_t v = threadIdx.x; v < (q_scalar ? 1 : prm.vocab); v += kRowThreads) {
       qbad |= !(f_isfinite(q[v]) && q[v] >= 0.0f);
       qs = f_add(qs, q[v]);
     }
-    const double q_sum = q_scalar ? static_cast<double>(q[0]) * V : block_sum(qs, sh);
-    bad_probs = block_any(qbad, sh) || !(fabs(q_sum - 1.0) <= prm.prob_sum_tolerance);
+    const double q_sum = q_scalar ? static_cast<double>(q[0]) * prm.vocab : block_sum(qs, sh);
+    bad = block_any(qbad, sh) || !(fabs(q_sum - 1.0) <= prm.prob_sum_tolerance);
   }
-  const bool q_full = q && !q_scalar && !bad_probs;
-  const float q0 = (q_scalar && !bad_probs) ? q[0] : 0.0f;
-  uint32_t flags = (has_draft ? kFlagHasDraft : 0u) | (bad_token ? kFlagBadToken : 0u) | (bad_probs ? kFlagBadProbs : 0u);
+  *bad_probs = bad;
+  return QRow{q && !q_scalar && !bad ? q : nullptr, (q_scalar && !bad) ? q[0] : 0.0f, slot.token,
+              !a.draft_probs && slot.has_draft};
+}
 
-  if (bad_logits) {
-    const float nan = f_nan();
-    if (a.probs)
-      for (int64_t v = threadIdx.x; v < V; v += kRowThreads) a.probs[item * V + v] = nan;
-    if (threadIdx.x == 0) {
-      a.entropy[item] = a.tvd[item] = a.accept_prob[item] = a.distortion[item] = nan;
-      a.flags[item] = flags | kFlagBadLogits;
-      a.resampled[item] = 0;
-      a.tokens[item] = 0;
-    }
-    return;
+// 2. The support's threshold on z: top-k's k-th largest (radix select), top-p's, min-p's (the smallest kept z with
+// z - max >= ln(min_p)).
+template <typename T>
+__device__ __forceinline__ void restrict_support(const VerifyParams& prm, Row<T>& row, Shared& sh) {
+  const int64_t V = prm.vocab;
+  if (prm.top_k > 0 && prm.top_k < V) {
+    row.thr = block_kth_largest([&row](int64_t v) { return row.z(v); }, V, prm.top_k, sh);
+    row.has_thr = true;
   }
-
-  // 2-3. greedy token, or top-k threshold and the softmax sums
-  row.m = m;
-  float h = 0.0f;
-  if (prm.probs_input) {
-    row.scale = f_div(1.0f, static_cast<float>(w_sum));
-    h = entropy_from_sums(w_sum, wl_sum);
-  } else if (prm.greedy) {
-    int64_t first = V;
-    for (int64_t v = threadIdx.x; v < V; v += kRowThreads)
-      if (row.z(v) == m && v < first) first = v;
-    row.greedy_token = block_min_i64(first, sh);
-  } else {
-    if (prm.top_k > 0 && prm.top_k < V) {
-      row.thr = block_kth_largest([&row](int64_t v) { return row.z(v); }, V, prm.top_k, sh);
-      row.has_thr = true;
-    }
-    if (prm.top_p < 1.0f) {
-      row.thr = block_top_p_threshold(row, V, prm.top_p, sh);
-      row.has_thr = true;
-    }
-    if (prm.log_min_p > -f_inf()) {
-      float lowest = m;  // the smallest kept z with z - max >= ln(min_p)
-      for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
-        const float zv = row.z(v);
-        if (row.kept(zv) && f_sub(zv, m) >= prm.log_min_p && zv < lowest) lowest = zv;
-      }
-      lowest = -block_max(-lowest, sh);
-      row.thr = row.has_thr && row.thr > lowest ? row.thr : lowest;
-      row.has_thr = true;
-    }
-    float zs = 0.0f, es = 0.0f;
+  if (prm.top_p < 1.0f) {
+    row.thr = block_top_p_threshold(row, V, prm.top_p, sh);
+    row.has_thr = true;
+  }
+  if (prm.log_min_p > -f_inf()) {
+    float lowest = row.m;
     for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
       const float zv = row.z(v);
-      if (row.kept(zv)) {
-        const float x = f_sub(zv, m);
-        const float ev = expf(x);
-        zs = f_add(zs, ev);
-        es = f_add(es, f_mul(ev, x));
-      }
+      if (row.kept(zv) && f_sub(zv, row.m) >= prm.log_min_p && zv < lowest) lowest = zv;
     }
-    const double zsum = block_sum(zs, sh);
-    const double ezsum = block_sum(es, sh);
-    row.scale = f_div(1.0f, static_cast<float>(zsum));
-    h = entropy_from_sums(zsum, ezsum);
+    lowest = -block_max(-lowest, sh);
+    row.thr = row.has_thr && row.thr > lowest ? row.thr : lowest;
+    row.has_thr = true;
   }
+}
 
-  // 4. TVD, sum p, the rule's per-token distortion terms (csd: gated below), probs output
-  const bool one_hot_q = !a.draft_probs && has_draft;
+// 2-3. The greedy token, or the support and the softmax sums: row.m, row.scale. Returns H(p).
+template <typename T>
+__device__ __forceinline__ float softmax(const VerifyParams& prm, const Target& t, Row<T>& row, Shared& sh) {
+  const int64_t V = prm.vocab;
+  row.m = t.m;
+  if (prm.probs_input) {
+    row.scale = f_div(1.0f, static_cast<float>(t.w_sum));
+    return entropy_from_sums(t.w_sum, t.wl_sum);
+  }
+  if (prm.greedy) {
+    int64_t first = V;
+    for (int64_t v = threadIdx.x; v < V; v += kRowThreads)
+      if (row.z(v) == t.m && v < first) first = v;
+    row.greedy_token = block_min_i64(first, sh);
+    return 0.0f;
+  }
+  restrict_support(prm, row, sh);
+  float zs = 0.0f, es = 0.0f;
+  for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
+    const float zv = row.z(v);
+    if (row.kept(zv)) {
+      const float x = f_sub(zv, t.m);
+      const float ev = expf(x);
+      zs = f_add(zs, ev);
+      es = f_add(es, f_mul(ev, x));
+    }
+  }
+  const double zsum = block_sum(zs, sh);
+  const double ezsum = block_sum(es, sh);
+  row.scale = f_div(1.0f, static_cast<float>(zsum));
+  return entropy_from_sums(zsum, ezsum);
+}
+
+// 4. One pass over p: the probs output, the TVD, the rule's token terms (csd's whatever its gate: the TVD is known
+// after) and whether the strict residual has mass. One-hot q is read as q = 0 and x's term corrected after.
+struct PassSums {
+  float tvd;
+  double sum_dist;
+  bool residual_positive;
+};
+
+template <typename T>
+__device__ __forceinline__ PassSums pass_over_p(const VerifyProblem& a, int64_t item, const VerifyParams& prm,
+                                                const Row<T>& row, const QRow& q, float h, Shared& sh) {
+  const int64_t V = prm.vocab;
   const RuleRow pre = rule_row(prm.rule, prm.rule_params, h, 0.0f);  // lambda*H and s (the gate needs the TVD)
-  const bool token_terms = rule_has_token_terms(prm.rule) && !one_hot_q;
+  const bool token_terms = rule_has_token_terms(prm.rule) && !q.one_hot;
   float sa = 0.0f, sd = 0.0f, sr = 0.0f;
   float* probs_out = a.probs ? a.probs + item * V : nullptr;
   for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
     const float pv = row.p(v);
     if (probs_out) probs_out[v] = pv;
-    const float qv = q_full ? q[v] : q0;
+    const float qv = q.q ? q.q[v] : q.q0;
     const float d = f_sub(pv, qv);
     sa = f_add(sa, fabsf(d));
     if (token_terms) sd = f_add(sd, rule_distortion_term(pre, pv, qv, row.in_support(v)));
     // the residual's mass (one-hot q: p without the draft token); only "is it positive" is used
-    sr = f_add(sr, one_hot_q ? (v == token ? 0.0f : pv) : (d > 0.0f ? d : 0.0f));
+    sr = f_add(sr, q.one_hot ? (v == q.token ? 0.0f : pv) : (d > 0.0f ? d : 0.0f));
   }
+  PassSums s;
   double sum_abs = block_sum(sa, sh);
-  const double sum_dist = block_sum(sd, sh);
-  const bool residual_positive = block_sum(sr, sh) > 0.0;
+  s.sum_dist = block_sum(sd, sh);
+  s.residual_positive = block_sum(sr, sh) > 0.0;
+  if (q.one_hot) {
+    const float p_x = row.p(q.token);
+    sum_abs += static_cast<double>(fabsf(f_sub(p_x, 1.0f))) - static_cast<double>(p_x);
+  }
+  s.tvd = static_cast<float>(0.5 * sum_abs);  // q = 0 (no draft, no draft_probs): TVD = sum p / 2
+  return s;
+}
 
-  const float p_x = row.p(has_draft ? token : 0);
-  // a draft outside the support of p (masked, or cut by top-k / top-p / min-p) is rejected: q(x) counts as 0
-  const bool x_in_support = has_draft && row.in_support(token);
-  float q_x = 0.0f;
-  if (x_in_support) q_x = a.draft_probs ? (q_full ? q[token] : q0) : 1.0f;
-  if (one_hot_q) sum_abs += static_cast<double>(fabsf(f_sub(p_x, 1.0f))) - static_cast<double>(p_x);
-  const float tvd = static_cast<float>(0.5 * sum_abs);  // q = 0 (no draft, no draft_probs): TVD = sum p / 2
-  const RuleRow rr = rule_row(prm.rule, prm.rule_params, h, tvd);
+// The position's law (decision.h); qa reads gs, gsd's a(y) of every token (gsd only).
+template <typename T>
+__device__ __forceinline__ auto position_law(const Row<T>& row, const QRow& q, const GsdScratch& gs, bool gsd) {
+  auto p = [&row](int64_t v) { return row.p(v); };
+  auto q_at = [&q](int64_t v) { return q.at(v); };
+  auto in_support = [&row](int64_t v) { return row.in_support(v); };
+  auto qa = [&row, &q, &gs, gsd](int64_t v) { return gsd && row.in_support(v) ? f_mul(q.at(v), gs.a[v]) : 0.0f; };
+  return slot_law(p, q_at, qa, in_support, q.one_hot, q.token);
+}
+
+// 5. The draws, by block inverse CDF. gsd's residual max(p - q*a, 0) has its mass summed here; the strict residual's
+// is pass 4's.
+template <class Law>
+__device__ __forceinline__ SlotDraws position_draws(const VerifyParams& prm, const Law& law, const SlotDecision& s,
+                                                    bool has_draft, bool residual_positive, float u, Shared& sh) {
+  auto draws = [&](bool positive, auto w) {
+    return slot_draws(
+        has_draft && positive, prm.coupling, [&] { return block_inverse_cdf(law.p, prm.vocab, u, sh); },
+        [&] { return block_inverse_cdf(w, prm.vocab, u, sh); });
+  };
+  const int rule = s.residual_rule(prm.rule);
+  if (has_draft && rule_residual_qa(rule)) {  // each residual in a loop of its own: fewer registers
+    auto w = [&](int64_t v) { return qa_residual_weight(rule, law, v); };
+    return draws(strided_sum(prm.vocab, w, sh) > 0.0, w);
+  }
+  return draws(residual_positive, [&](int64_t v) { return strict_residual_weight(law, v); });
+}
+
+// 6. argmax(z + G) over the support, with one Philox call per 4 tokens (0 where nothing is kept).
+template <typename T>
+__device__ __forceinline__ int64_t gumbel_token(const Row<T>& row, const SlotRandom& rnd, int64_t V, Shared& sh) {
+  float best = -f_inf();
+  int64_t best_i = V;
+  const int64_t groups = (V + 3) / 4;
+  for (int64_t g = threadIdx.x; g < groups; g += kRowThreads) {
+    const Philox4 bits = gumbel_bits(rnd.key, rnd.pos, static_cast<uint32_t>(g));
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+      const int64_t v = 4 * g + l;
+      if (v >= V) break;
+      const float zv = row.z(v);
+      if (!row.kept(zv)) continue;
+      const float gv = -logf(-logf(uniform_from_bits(bits.x[l])));
+      const float val = f_add(zv, gv);
+      if (val > best || (val == best && v < best_i)) best = val, best_i = v;
+    }
+  }
+  const int64_t found = block_argmax(best, best_i, sh);
+  return found < V ? found : 0;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads) verify_position_kernel(csd::VerifyProblem a) {
+  __shared__ Shared sh;
+  const int64_t item = blockIdx.x;
+  const int64_t b = item / a.L, i = item % a.L;
+  const VerifyParams prm = params_at(a, b, i);
+  const int64_t V = prm.vocab;
+  const DraftSlot slot = draft_slot(a, b, i);
+  const SlotRandom rnd = slot_random(a, b, i);
+  Row<T> row = make_row<T>(a, b, i);
+  const Target target = scan_target(prm, row, sh);
+  bool bad_probs;
+  const QRow q = read_draft_probs(a, prm, b, i, slot, &bad_probs, sh);
+  const uint32_t flags = slot_flags(slot, bad_probs);
+  if (target.bad) {  // every output of this position is fixed: NaN statistics, token 0, a stop
+    if (a.probs)
+      for (int64_t v = threadIdx.x; v < V; v += kRowThreads) a.probs[item * V + v] = f_nan();
+    if (threadIdx.x == 0) store_bad_slot(a, item, flags);
+    return;
+  }
+  const float h = softmax(prm, target, row, sh);
+  const PassSums ps = pass_over_p(a, item, prm, row, q, h, sh);
+  const RuleRow rr = rule_row(prm.rule, prm.rule_params, h, ps.tvd);
 
   // the rule's term of the draft (lantern: its neighbours' mass; gsd: its group, with every token's a(y))
-  const Row<T>& rw = row;
-  auto p_at = [&rw](int64_t v) { return rw.p(v); };
-  auto q_at = [&](int64_t v) { return q_full ? q[v] : (a.draft_probs ? q0 : (v == token ? 1.0f : 0.0f)); };
-  const bool gsd = prm.rule == kRuleGsd && has_draft;
+  const bool gsd = prm.rule == kRuleGsd && slot.has_draft;
   GsdScratch gs{};
+  const auto law = position_law(row, q, gs, gsd);
   if (gsd) {
     gs = gsd_scratch(a.workspace, item, V, next_pow2(V));
     BlockExec<kRowWarps> ex{sh};
-    gsd_groups(V, static_cast<int64_t>(prm.rule_params[0]), prm.rule_params[1], p_at, q_at, gs, ex);
+    gsd_groups(V, static_cast<int64_t>(prm.rule_params[0]), prm.rule_params[1], law.p, law.q, gs, ex);
   }
-  auto qa_at = [&](int64_t v) { return gsd && rw.in_support(v) ? f_mul(q_at(v), gs.a[v]) : 0.0f; };
-  float extra_x = gsd && x_in_support ? gs.a[token] : 0.0f;
-  if (rule_is_lantern(prm.rule) && x_in_support)  // every thread gathers the same k values (one L1 line each)
-    extra_x = lantern_bonus(prm.neighbours + token * prm.nb_stride, prm.nb_k, V, lantern_limit(rr, p_x), f_inf(),
-                            p_at);
-  const PositionDecision dec = decide_position(rr, p_x, q_x, extra_x, has_draft, u_accept);
-  if (dec.accepted) flags |= kFlagAccepted;
-  float distortion = 0.0f;
-  if (!has_draft || rule_lossless(prm.rule)) {
-    distortion = 0.0f;
-  } else if (rule_gathers_distortion(prm.rule) && !prm.gather_distortion) {
-    distortion = f_nan();  // a(y) for every y (lantern: k gathers each; gsd: the sorted row): when asked
-  } else if (one_hot_q) {
-    const float t = f_sub(dec.accept_prob, p_x);  // q = one-hot(x): the only term is max(a(x) - p(x), 0)
-    distortion = x_in_support && t > 0.0f ? t : 0.0f;
-  } else if (gsd) {
-    float s = 0.0f;
-    for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
-      const float t = f_sub(qa_at(v), p_at(v));
-      s = f_add(s, t > 0.0f ? t : 0.0f);
-    }
-    distortion = static_cast<float>(block_sum(s, sh));
-  } else if (rule_is_lantern(prm.rule)) {
-    float s = 0.0f;
-    for (int64_t v = threadIdx.x; v < V; v += kRowThreads)
-      if (rw.in_support(v))
-        s = f_add(s, lantern_distortion_term(rr, prm.neighbours + v * prm.nb_stride, prm.nb_k, V, p_at(v), q_at(v),
-                                             p_at));
-    distortion = static_cast<float>(block_sum(s, sh));
-  } else if (prm.rule != kRuleCsd || rr.gate) {
-    distortion = static_cast<float>(sum_dist);
-  }
-
-  // 5. draws
-  const Row<T>& r = row;
-  auto w_p = [&r](int64_t v) { return r.p(v); };
-  const bool need_from_p = !has_draft || prm.coupling == kCouplingIndependent;
-  int64_t from_p = need_from_p ? block_inverse_cdf(w_p, V, u_sample, sh) : -1;
-  int64_t resampled = from_p;
-  if (gsd) {  // gsd's residual max(p - q*a, 0)
-    auto w_gsd = [&](int64_t v) { return rule_residual(kRuleGsd, p_at(v), 0.0f, qa_at(v)); };
-    float s = 0.0f;
-    for (int64_t v = threadIdx.x; v < V; v += kRowThreads) s = f_add(s, w_gsd(v));
-    if (block_sum(s, sh) > 0.0)
-      resampled = block_inverse_cdf(w_gsd, V, u_sample, sh);
-    else
-      resampled = need_from_p ? from_p : block_inverse_cdf(w_p, V, u_sample, sh);
-  } else if (has_draft) {
-    auto w_res = [&r, q, q_full, q0, one_hot_q, token](int64_t v) {
-      const float pv = r.p(v);
-      if (one_hot_q) return v == token ? 0.0f : pv;
-      const float d = f_sub(pv, q_full ? q[v] : q0);
-      return d > 0.0f ? d : 0.0f;
-    };
-    if (residual_positive)
-      resampled = block_inverse_cdf(w_res, V, u_sample, sh);
-    else
-      resampled = need_from_p ? from_p : block_inverse_cdf(w_p, V, u_sample, sh);
-  }
-
-  // 6. the token drafted for later positions
-  int64_t later;
-  if (prm.coupling == kCouplingIndependent) {
-    later = from_p;
-  } else if (prm.coupling == kCouplingMaximal) {
-    later = dec.keep_draft ? token : resampled;
-  } else if (prm.greedy && !prm.probs_input) {
-    later = row.greedy_token;
-  } else {
-    float best = -f_inf();
-    int64_t best_i = V;
-    const int64_t groups = (V + 3) / 4;
-    for (int64_t g = threadIdx.x; g < groups; g += kRowThreads) {
-      const Philox4 bits = gumbel_bits(key, pos, static_cast<uint32_t>(g));
-#pragma unroll
-      for (int l = 0; l < 4; ++l) {
-        const int64_t v = 4 * g + l;
-        if (v >= V) break;
-        const float zv = row.z(v);
-        if (!row.kept(zv)) continue;
-        const float gv = -logf(-logf(uniform_from_bits(bits.x[l])));
-        const float val = f_add(zv, gv);
-        if (val > best || (val == best && v < best_i)) best = val, best_i = v;
-      }
-    }
-    later = block_argmax(best, best_i, sh);
-    if (later >= V) later = 0;
-  }
-
-  if (threadIdx.x == 0) {
-    a.entropy[item] = h;
-    a.tvd[item] = tvd;
-    a.accept_prob[item] = dec.accept_prob;
-    a.distortion[item] = has_draft ? distortion : 0.0f;
-    a.flags[item] = flags;
-    a.resampled[item] = resampled;
-    a.tokens[item] = later;
-  }
+  const DraftTerms x = draft_terms(law, slot.token);
+  auto sum = [&](DistortionCase c, auto term) {
+    return c == kDistortionTokenTerms ? ps.sum_dist : strided_sum(V, term, sh);
+  };
+  const SlotDecision s = decide_slot(rr, prm, x, rnd.u_accept, law, [&] { return gs.a[x.token]; }, sum);
+  const SlotDraws draws = position_draws(prm, law, s, x.has_draft, ps.residual_positive, rnd.u_sample, sh);
+  const int64_t later = next_draft(prm.coupling, s.d, x.token, draws, [&] {
+    return prm.greedy && !prm.probs_input ? row.greedy_token : gumbel_token(row, rnd, V, sh);
+  });
+  if (threadIdx.x == 0) store_slot(a, item, h, ps.tvd, s, flags, draws.resampled, later);
 }
 
 __global__ void row_epilogue_kernel(csd::VerifyProblem a) {

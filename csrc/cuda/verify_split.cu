@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "../include/block_ops.cuh"
+#include "../include/decision.h"
 #include "split.cuh"
 
 namespace csd {
@@ -111,8 +112,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_stats_kernel(VerifyProble
     z_sum = block_sum(zs, sh);
     s1 = block_sum(es, sh);
     if (a.prm.coupling == kCouplingGumbel) {
-      const bool shared_seed = a.n_seed == 1;
-      const RowKey key = row_key(a.seed[shared_seed ? 0 : c.b], shared_seed, c.b);
+      const RowKey key = seeded_row_key(a.seed, a.n_seed, c.b);
       const uint32_t pos = absolute_position(a.positions[c.b], c.i);
       float best = -f_inf();
       int64_t best_i = a.prm.vocab;
@@ -261,26 +261,15 @@ __device__ bool arrive_last(unsigned* counter, unsigned expected, Shared& sh) {
   return last;
 }
 
+// This slice's sums for the position's last block: |p - q|, max(p - q, 0), p, the distortion terms (csd's whatever
+// its gate: the TVD is known after; lantern's where gathered), q, and whether q had a bad entry here.
 template <typename T>
-__global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProblem a) {
-  __shared__ Shared sh;
-  const SplitBlock c = split_block_coords(a);
-  const VerifyParams prm = params_at(a, c.b, c.i);
+__device__ __forceinline__ void slice_sums(const VerifyProblem& a, const SplitBlock& c, const VerifyParams& prm,
+                                           const Row<T>& row, const Combined& st, const DraftRow& q, Shared& sh) {
   const int64_t V = prm.vocab;
-  Row<T> row = make_row<T>(a, c.b, c.i);
-  const Combined st = combine_stats(a, c, row, sh);
-
-  const int64_t raw_tok = a.draft_tokens[c.b * a.dt_sB + c.i * a.dt_sL];
-  const bool bad_token = draft_token_is_bad(raw_tok, V);
-  const int64_t token = bad_token ? -1 : raw_tok;
-  const bool has_draft = token >= 0;
-  const DraftRow q = draft_row(a, c.b, c.i, token);
   const RuleRow pre = rule_row(prm.rule, prm.rule_params, st.h, 0.0f);  // lambda*H and s (the gate needs the TVD)
   const bool lantern_terms = rule_is_lantern(prm.rule) && prm.gather_distortion;
-  const Row<T>& rw = row;
-  auto p_at = [&rw](int64_t v) { return rw.p(v); };
-
-  // ---- this slice's sums
+  auto p_at = [&row](int64_t v) { return row.p(v); };
   float sa = 0.0f, sr = 0.0f, sp = 0.0f, sd = 0.0f, sq = 0.0f;
   bool bad_q = false;
   float* probs_out = a.probs ? a.probs + c.item * V : nullptr;
@@ -304,78 +293,55 @@ __global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProbl
   const double dist_s = block_sum(sd, sh), q_s = block_sum(sq, sh);
   bad_q = block_any(bad_q, sh);
   if (threadIdx.x == 0) c.ws.sums[c.id] = SliceSums{abs_s, res_s, p_s, dist_s, q_s, bad_q ? 1 : 0};
-  if (!arrive_last(c.ws.position_count + c.item, static_cast<unsigned>(c.n_split), sh)) return;
+}
 
-  // ---- the last block of the position: decision, draws, outputs
+// The position's decision, draws and outputs, by its last block from every slice's sums. The slices read
+// q = one-hot(x) as any q (and summed its terms); a bad q reads as 0. gsd never runs split.
+template <typename T>
+__device__ __forceinline__ void finish_position(const VerifyProblem& a, const SplitBlock& c, const VerifyParams& prm,
+                                                const Row<T>& row, const Combined& st, const DraftSlot& slot,
+                                                const DraftRow& q, Shared& sh) {
   const PositionSums sums = gather_sums(c, a.draft_probs != nullptr, prm.prob_sum_tolerance, sh);
-  const bool shared_seed = a.n_seed == 1;
-  const RowKey key = row_key(a.seed[shared_seed ? 0 : c.b], shared_seed, c.b);
-  const uint32_t pos = absolute_position(a.positions[c.b], c.i);
-  float u_accept, u_sample;
-  step_uniforms(key, pos, a.offset[a.n_offset == 1 ? 0 : c.b], &u_accept, &u_sample);
-
-  uint32_t flags = (has_draft ? kFlagHasDraft : 0u) | (bad_token ? kFlagBadToken : 0u) |
-                   (sums.bad_q ? kFlagBadProbs : 0u);
-  const int64_t item = c.item;
+  const SlotRandom rnd = slot_random(a, c.b, c.i);
+  const uint32_t flags = slot_flags(slot, sums.bad_q);
   if (st.bad) {
-    if (threadIdx.x == 0) {
-      const float nan = f_nan();
-      a.entropy[item] = a.tvd[item] = a.accept_prob[item] = a.distortion[item] = nan;
-      a.flags[item] = flags | kFlagBadLogits;
-      a.resampled[item] = 0;
-      a.tokens[item] = 0;
-    }
-  } else {
-    const float p_x = has_draft ? row.p(token) : 0.0f;
-    // a masked draft is rejected: q(x) counts as 0
-    const bool x_in_support = has_draft && row.in_support(token);
-    const float q_x = !x_in_support ? 0.0f : (!q.q ? 1.0f : (sums.bad_q ? 0.0f : q.at(token)));
-    const float tvd = static_cast<float>(0.5 * (sums.bad_q ? sums.p : sums.abs));
-    const RuleRow rr = rule_row(prm.rule, prm.rule_params, st.h, tvd);
-    float extra_x = 0.0f;
-    if (rule_is_lantern(prm.rule) && q_x > 0.0f)  // the draft's neighbours' mass: k gathers
-      extra_x = lantern_bonus(prm.neighbours + token * prm.nb_stride, prm.nb_k, V, lantern_limit(rr, p_x), f_inf(),
-                              p_at);
-    const PositionDecision dec = decide_position(rr, p_x, q_x, extra_x, has_draft, u_accept);
-    if (dec.accepted) flags |= kFlagAccepted;
-    float distortion = 0.0f;  // the slices summed the rule's terms (gsd never runs split)
-    if (has_draft && !sums.bad_q && !rule_lossless(prm.rule) && (prm.rule != kRuleCsd || rr.gate))
-      distortion = static_cast<float>(sums.dist);
-    if (has_draft && rule_gathers_distortion(prm.rule) && !prm.gather_distortion) distortion = f_nan();
-
-    const Row<T>& r = row;
-    auto w_p = [&r](int64_t v) { return r.p(v); };
-    auto w_res = [&r, &q](int64_t v) {
-      const float d = f_sub(r.p(v), q.at(v));
-      return d > 0.0f ? d : 0.0f;
-    };
-    const bool use_residual = has_draft && !sums.bad_q && sums.residual > 0.0;
-    const bool need_from_p = !use_residual || prm.coupling == kCouplingIndependent;
-    const int64_t from_p = need_from_p ? split_inverse_cdf(w_p, &SliceSums::p, a, c, u_sample, sh) : -1;
-    const int64_t resampled =
-        use_residual ? split_inverse_cdf(w_res, &SliceSums::residual, a, c, u_sample, sh) : from_p;
-    int64_t later;
-    if (prm.coupling == kCouplingIndependent)
-      later = from_p;
-    else if (prm.coupling == kCouplingMaximal)
-      later = dec.keep_draft ? token : resampled;
-    else
-      later = st.gumbel_token;
-    if (threadIdx.x == 0) {
-      a.entropy[item] = st.h;
-      a.tvd[item] = tvd;
-      a.accept_prob[item] = dec.accept_prob;
-      a.distortion[item] = has_draft ? distortion : 0.0f;
-      a.flags[item] = flags;
-      a.resampled[item] = resampled;
-      a.tokens[item] = later < 0 || later >= V ? 0 : later;
-    }
+    if (threadIdx.x == 0) store_bad_slot(a, c.item, flags);
+    return;
   }
+  const auto law = slot_law([&row](int64_t v) { return row.p(v); },
+                            [&q, &sums](int64_t v) { return sums.bad_q ? 0.0f : q.at(v); },
+                            [](int64_t) { return 0.0f; }, [&row](int64_t v) { return row.in_support(v); });
+  const DraftTerms x = draft_terms(law, slot.token);
+  const float tvd = static_cast<float>(0.5 * (sums.bad_q ? sums.p : sums.abs));
+  const RuleRow rr = rule_row(prm.rule, prm.rule_params, st.h, tvd);
+  auto sum = [&sums](DistortionCase, auto) { return sums.bad_q ? 0.0 : sums.dist; };  // the slices summed the terms
+  const SlotDecision s = decide_slot(rr, prm, x, rnd.u_accept, law, [] { return 0.0f; }, sum);
+  auto w_res = [&law](int64_t v) { return strict_residual_weight(law, v); };
+  const SlotDraws draws = slot_draws(
+      x.has_draft && !sums.bad_q && sums.residual > 0.0, prm.coupling,
+      [&] { return split_inverse_cdf(law.p, &SliceSums::p, a, c, rnd.u_sample, sh); },
+      [&] { return split_inverse_cdf(w_res, &SliceSums::residual, a, c, rnd.u_sample, sh); });
+  const int64_t later = next_draft(prm.coupling, s.d, x.token, draws, [&st] { return st.gumbel_token; });
+  if (threadIdx.x == 0) store_slot(a, c.item, st.h, tvd, s, flags, draws.resampled, later);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kSplitThreads) split_finish_kernel(VerifyProblem a) {
+  __shared__ Shared sh;
+  const SplitBlock c = split_block_coords(a);
+  const VerifyParams prm = params_at(a, c.b, c.i);
+  Row<T> row = make_row<T>(a, c.b, c.i);
+  const Combined st = combine_stats(a, c, row, sh);
+  const DraftSlot slot = draft_slot(a, c.b, c.i);
+  const DraftRow q = draft_row(a, c.b, c.i, slot.token);
+  slice_sums(a, c, prm, row, st, q, sh);
+  if (!arrive_last(c.ws.position_count + c.item, static_cast<unsigned>(c.n_split), sh)) return;
+  finish_position(a, c, prm, row, st, slot, q, sh);
 
   // ---- the last position of the row to finish writes the row
   if (!arrive_last(c.ws.row_count + c.b, static_cast<unsigned>(a.L), sh)) return;
   if (threadIdx.x == 0)
-    row_epilogue(a.L, V, a.start[c.b], a.draft_tokens + c.b * a.dt_sB, a.dt_sL, a.flags + c.b * a.L,
+    row_epilogue(a.L, prm.vocab, a.start[c.b], a.draft_tokens + c.b * a.dt_sB, a.dt_sL, a.flags + c.b * a.L,
                  a.resampled + c.b * a.L, a.tokens + c.b * a.L, a.accept_len + c.b, a.status + c.b);
 }
 

@@ -17,6 +17,7 @@
 
 #include <stdint.h>
 
+#include "decision.h"
 #include "gsd_row.h"
 #include "philox.h"
 #include "rules.h"
@@ -157,120 +158,149 @@ CSD_HD void reject_candidate(int rule, const float* p, const float* q, const flo
   ex.barrier();
 }
 
+// One row's walk: its scratch, its streams and its node tokens.
+struct TreeWalk {
+  int64_t b, out0;  // out0: the row's first output slot
+  float *z, *pj, *qj;  // the visited node's z, its p then its residuals, and the residual's q
+  RowKey key;
+  int64_t offset;
+  const int64_t* tokens;  // [S]: the row's node tokens
+  GsdScratch gs;
+};
+
+template <class X>
+CSD_HD TreeWalk tree_walk(const TreeProblem& P, int64_t b, X& ex) {
+  const int64_t V = P.prm.vocab;
+  TreeWalk w;
+  w.b = b;
+  w.out0 = b * (P.M + 1);
+  w.z = P.workspace + b * 3 * V;
+  w.pj = w.z + V;
+  w.qj = w.pj + V;
+  w.key = seeded_row_key(P.seed, P.n_seed, b);
+  w.offset = row_offset(P.offset, P.n_offset, b);
+  w.tokens = P.node_tokens + b * P.S;
+  w.gs = P.gsd_workspace ? gsd_scratch(P.gsd_workspace, b, V, P.gsd_keys) : GsdScratch{};
+  if (ex.leader()) {
+    for (int64_t i = 0; i <= P.M; ++i) {
+      P.path[w.out0 + i] = i == 0 ? 0 : -1;
+      P.tokens[w.out0 + i] = -1;
+      P.accept_prob[w.out0 + i] = P.entropy[w.out0 + i] = P.tvd[w.out0 + i] = P.distortion[w.out0 + i] = 0.0f;
+    }
+  }
+  return w;
+}
+
+// The law at a visited node (decision.h): its p and its level's q; qa reads gsd's a(y) (gsd only).
+CSD_HD auto node_law(const TreeWalk& w, const NodeTarget& n, const float* q, bool gsd) {
+  const float* pj = w.pj;
+  const float* z = w.z;
+  const float* a = w.gs.a;
+  return slot_law([pj](int64_t v) { return pj[v]; }, [q](int64_t v) { return q[v]; },
+                  [=](int64_t v) { return gsd && n.in_support(z, v) ? f_mul(q[v], a[v]) : 0.0f; },
+                  [n, z](int64_t v) { return n.in_support(z, v); });
+}
+
+// Lane 0 of the tree stream at `slot`: the uniform that tests the candidate there.
+CSD_HD float candidate_uniform(const TreeWalk& w, int64_t slot) {
+  return uniform_from_bits(tree_bits(w.key, static_cast<uint32_t>(slot), w.offset).x[0]);
+}
+
+// The level i of the walk at node `cur`: its q, its rule (an uninformed main draft, a uniform fresh one, is tested
+// strictly, as verify's ``informed``), the TVD reported, and the main draft's decision with its distortion and cap.
+struct TreeLevel {
+  const float* q;  // the level's q (the last level's below it)
+  int rule;
+  bool gsd;
+  float tvd;  // against q; below the last level against q = 0
+  SlotDecision main;
+};
+
+template <class X>
+CSD_HD TreeLevel decide_level(const TreeProblem& P, const TreeWalk& w, int64_t i, int64_t cur, const NodeTarget& n,
+                              X& ex) {
+  const VerifyParams& prm = P.prm;
+  const int64_t V = prm.vocab, M = P.M;
+  const float* pj = w.pj;
+  TreeLevel L;
+  L.q = P.draft_probs + (w.b * M + (i < M ? i : M - 1)) * V;
+  const float* q = L.q;
+  const float tvd = static_cast<float>(0.5 * ex.sum(V, [&](int64_t v) {
+    const float d = f_sub(pj[v], q[v]);
+    return d >= 0.0f ? d : -d;
+  }));
+  L.rule = i < M && P.informed != nullptr && P.informed[w.b * M + i] == 0 ? int(kRuleStrict) : prm.rule;
+  const RuleRow rr = rule_row(L.rule, prm.rule_params, n.h, tvd);
+  const int64_t main_child = P.children[cur * P.K];
+  const int64_t x = i < M && main_child >= 0 && is_vocab_token(w.tokens[main_child], V) ? w.tokens[main_child] : -1;
+  L.gsd = L.rule == kRuleGsd && x >= 0;
+  const auto law = node_law(w, n, q, L.gsd);
+  if (L.gsd)  // the groups of the node's p and q: the main draft's a(x) and the gsd residual
+    gsd_groups(V, static_cast<int64_t>(prm.rule_params[0]), prm.rule_params[1], law.p, law.q, w.gs, ex);
+  const float u = x >= 0 ? candidate_uniform(w, main_child) : 1.0f;
+  L.main = decide_slot(rr, prm, draft_terms(law, x), u, law, [&] { return w.gs.a[x]; },
+                       [&](DistortionCase, auto term) { return ex.sum(V, term); });
+  L.tvd = i < M ? tvd : static_cast<float>(0.5 * ex.sum(V, [&](int64_t v) { return pj[v]; }));
+  return L;
+}
+
+// Recursive rejection sampling over the children of `cur` in rank order (reference.verify_tree): the main draft by
+// the level's decision, the siblings strictly. Returns the accepted slot (its a in *chosen_a), or -1 with the last
+// residual in pj (p itself when nothing was tested).
+template <class X>
+CSD_HD int64_t test_children(const TreeProblem& P, const TreeWalk& w, int64_t i, int64_t cur, const NodeTarget& n,
+                             const TreeLevel& L, float* chosen_a, X& ex) {
+  const int64_t V = P.prm.vocab;
+  const auto law = node_law(w, n, L.q, L.gsd);
+  const float* qc = L.q;
+  const float* rest_main = P.sibling_probs ? P.sibling_probs + (w.b * P.M + i) * V : L.q;
+  for (int64_t r = 0; r < P.K; ++r) {
+    const int64_t slot = P.children[cur * P.K + r];
+    if (slot < 0) continue;
+    const int64_t x = w.tokens[slot];
+    if (!is_vocab_token(x, V)) continue;  // a missing candidate changes nothing
+    const float a = r == 0 ? L.main.d.accept_prob : strict_acceptance(w.pj[x], n.in_support(w.z, x) ? qc[x] : 0.0f);
+    if (r == 0 ? L.main.d.accepted : candidate_uniform(w, slot) < a) {
+      *chosen_a = a;
+      return slot;
+    }
+    reject_candidate(r == 0 ? L.main.residual_rule(L.rule) : int(kRuleStrict), w.pj, qc, r == 0 ? rest_main : qc, x,
+                     V, w.pj, w.qj, law.qa, ex);
+    qc = w.qj;
+  }
+  return -1;
+}
+
 // Verify row b of the tree (reference.verify_tree): the walk on the tree stream's uniforms and the stats at the
 // visited nodes. Every thread of the row calls this; X::leader() writes the outputs.
 template <typename T, class X>
 CSD_HD void tree_row(const TreeProblem& P, int64_t b, X& ex) {
-  const VerifyParams& prm = P.prm;
-  const int64_t V = prm.vocab, M = P.M, S = P.S, K = P.K;
-  float* z = P.workspace + b * 3 * V;
-  float* pj = z + V;  // the visited node's p, then its residuals
-  float* qj = pj + V;
-  const bool shared_seed = P.n_seed == 1;
-  const RowKey key = row_key(P.seed[shared_seed ? 0 : b], shared_seed, b);
-  const int64_t offset = P.offset[P.n_offset == 1 ? 0 : b];
-  const int64_t* tokens_in = P.node_tokens + b * S;
-  const int64_t out0 = b * (M + 1);
-  if (ex.leader()) {
-    for (int64_t i = 0; i <= M; ++i) {
-      P.path[out0 + i] = i == 0 ? 0 : -1;
-      P.tokens[out0 + i] = -1;
-      P.accept_prob[out0 + i] = P.entropy[out0 + i] = P.tvd[out0 + i] = P.distortion[out0 + i] = 0.0f;
-    }
-  }
+  const int64_t M = P.M;
+  const TreeWalk w = tree_walk(P, b, ex);
   int32_t status = 0;
   int64_t cur = 0, accept_len = M;
-  const GsdScratch gs = P.gsd_workspace ? gsd_scratch(P.gsd_workspace, b, V, P.gsd_keys) : GsdScratch{};
   for (int64_t i = 0; i <= M; ++i) {
-    const T* c = P.logits.row<T>(b, cur);
-    const T* u = P.uncond.row<T>(b, cur);
-    const NodeTarget n = node_target<T>(P, c, u, z, pj, ex);
+    const NodeTarget n = node_target<T>(P, P.logits.row<T>(b, cur), P.uncond.row<T>(b, cur), w.z, w.pj, ex);
     if (n.bad) status |= kStatusBadLogits;
-
-    // stats at the node: H, TVD against this level's q (q = 0 below the last level), the rule's distortion
-    const int64_t level = i < M ? i : M - 1;
-    const float* q = P.draft_probs + (b * M + level) * V;
-    const float tvd = static_cast<float>(0.5 * ex.sum(V, [&](int64_t v) {
-      const float d = f_sub(pj[v], q[v]);
-      return d >= 0.0f ? d : -d;
-    }));
-    // an uninformed main draft (a uniform fresh one) is tested strictly, as verify's ``informed``
-    const int rule = i < M && P.informed != nullptr && P.informed[b * M + i] == 0 ? int(kRuleStrict) : prm.rule;
-    const RuleRow rr = rule_row(rule, prm.rule_params, n.h, tvd);
-    const int64_t main_child = P.children[cur * K];
-    const bool has_draft = main_child >= 0 && tokens_in[main_child] >= 0 && tokens_in[main_child] < V;
-    const bool gsd = rule == kRuleGsd && i < M && has_draft;
-    if (gsd)  // the groups of the node's p and q: the main draft's a(x) and the gsd residual
-      gsd_groups(V, static_cast<int64_t>(prm.rule_params[0]), prm.rule_params[1], [&](int64_t v) { return pj[v]; },
-                 [&](int64_t v) { return q[v]; }, gs, ex);
-    auto qa = [&](int64_t v) { return gsd && n.in_support(z, v) ? f_mul(q[v], gs.a[v]) : 0.0f; };
-    float distortion = 0.0f;
-    if (i < M && has_draft && !rule_lossless(rule)) {
-      if (rule_gathers_distortion(rule) && !prm.gather_distortion) {
-        distortion = f_nan();  // a(y) for every y (lantern: k gathers each; gsd: the sorted row): when asked
-      } else if (rule_is_lantern(rule)) {
-        distortion = static_cast<float>(ex.sum(V, [&](int64_t v) {
-          return n.in_support(z, v) ? lantern_distortion_term(rr, prm.neighbours + v * prm.nb_stride, prm.nb_k, V,
-                                                               pj[v], q[v], [&](int64_t t) { return pj[t]; })
-                                    : 0.0f;
-        }));
-      } else if (gsd) {
-        distortion = static_cast<float>(ex.sum(V, [&](int64_t v) {
-          const float t = f_sub(qa(v), pj[v]);
-          return t > 0.0f ? t : 0.0f;
-        }));
-      } else if (rule != kRuleCsd || rr.gate) {
-        distortion = static_cast<float>(ex.sum(V, [&](int64_t v) {
-          return rule_distortion_term(rr, pj[v], q[v], n.in_support(z, v));
-        }));
-      }
-    }
-    const float tvd_out = i < M ? tvd : static_cast<float>(0.5 * ex.sum(V, [&](int64_t v) { return pj[v]; }));
+    const TreeLevel L = decide_level(P, w, i, cur, n, ex);
     if (ex.leader()) {
-      P.entropy[out0 + i] = n.h;
-      P.tvd[out0 + i] = tvd_out;
-      P.distortion[out0 + i] = distortion;
+      P.entropy[w.out0 + i] = n.h;
+      P.tvd[w.out0 + i] = L.tvd;
+      P.distortion[w.out0 + i] = L.main.distortion;
     }
-
-    // recursive rejection sampling over the children in rank order (none below the last level)
-    const float* qc = q;
-    const float* rest_main = P.sibling_probs ? P.sibling_probs + (b * M + level) * V : q;
-    int64_t chosen = -1;
     float chosen_a = 0.0f;
-    for (int64_t r = 0; r < K && i < M; ++r) {
-      const int64_t slot = P.children[cur * K + r];
-      if (slot < 0) continue;
-      const int64_t x = tokens_in[slot];
-      if (x < 0 || x >= V) continue;  // a missing candidate changes nothing
-      const float p_x = pj[x], q_x = n.in_support(z, x) ? qc[x] : 0.0f;
-      float a = strict_acceptance(p_x, q_x);
-      if (r == 0) {  // the main draft by the rule (e.g. csd: + lambda*H where TVD < tau), siblings strict
-        float extra = gsd ? gs.a[x] : 0.0f;
-        if (rule_is_lantern(rule) && q_x > 0.0f)
-          extra = lantern_bonus(prm.neighbours + x * prm.nb_stride, prm.nb_k, V, lantern_limit(rr, p_x), f_inf(),
-                                [&](int64_t t) { return pj[t]; });
-        a = rule_acceptance(rr, p_x, q_x, extra);
-      }
-      const Philox4 bits = tree_bits(key, static_cast<uint32_t>(slot), offset);
-      if (uniform_from_bits(bits.x[0]) < a) {
-        chosen = slot;
-        chosen_a = a;
-        break;
-      }
-      reject_candidate(r == 0 ? rule : kRuleStrict, pj, qc, r == 0 ? rest_main : qc, x, V, pj, qj, qa, ex);
-      qc = qj;
-    }
-    if (chosen < 0) {  // emit a draw from the last residual (from p when nothing was tested) and stop
-      const Philox4 bits = tree_bits(key, static_cast<uint32_t>(cur), offset);
-      const int64_t emitted = ex.inverse_cdf(pj, V, uniform_from_bits(bits.x[1]));
-      if (ex.leader()) P.tokens[out0 + i] = emitted;
+    const int64_t chosen = i < M ? test_children(P, w, i, cur, n, L, &chosen_a, ex) : -1;  // no children below M
+    if (chosen < 0) {  // emit a draw from the last residual and stop
+      const Philox4 bits = tree_bits(w.key, static_cast<uint32_t>(cur), w.offset);
+      const int64_t emitted = ex.inverse_cdf(w.pj, P.prm.vocab, uniform_from_bits(bits.x[1]));
+      if (ex.leader()) P.tokens[w.out0 + i] = emitted;
       accept_len = i;
       break;
     }
     if (ex.leader()) {
-      P.path[out0 + i + 1] = chosen;
-      P.tokens[out0 + i] = tokens_in[chosen];
-      P.accept_prob[out0 + i] = chosen_a;
+      P.path[w.out0 + i + 1] = chosen;
+      P.tokens[w.out0 + i] = w.tokens[chosen];
+      P.accept_prob[w.out0 + i] = chosen_a;
     }
     cur = chosen;
   }

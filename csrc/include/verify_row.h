@@ -1,10 +1,9 @@
 // The per-(row, position) maths of CSD verification, shared by the CPU and CUDA kernels.
 //
 // csd_kernels/reference/ is the definition; this header holds the scalar pieces every backend composes:
-// logit loading (fp32 / fp16 / bf16 -> fp32), the CFG mix and temperature scale, the entropy from the softmax sums,
-// the per-position decision (by the rules of rules.h) and the per-row epilogue (accept_len, token selection, status
-// bits). All maths is fp32 (the inverse-CDF prefix sums are fp64, like torch.cumsum on the CPU), without contraction
-// (ieee.h).
+// logit loading (fp32 / fp16 / bf16 -> fp32), the CFG mix and temperature scale, the entropy from the softmax sums and
+// the per-row epilogue (accept_len, token selection, status bits); the per-position decision is decision.h's. All
+// maths is fp32 (the inverse-CDF prefix sums are fp64, like torch.cumsum on the CPU), without contraction (ieee.h).
 // No torch headers.
 #pragma once
 
@@ -82,6 +81,7 @@ struct VerifyParams {
   int rule;               // csd::Rule (rules.h)
   float rule_params[kMaxRuleParams];  // the rule's parameters, in config/acceptance.py's order
   int gather_distortion;  // compute the distortion of the rules whose a(y) for every y costs more (lantern, gsd)
+  float max_distortion;   // above it a position is decided strictly (reference.verify); inf: no cap
   const int64_t* neighbours;  // [V, nb_k] with row stride nb_stride (lantern), else nullptr
   int64_t nb_stride, nb_k;
   int coupling;         // kCoupling*
@@ -121,26 +121,6 @@ CSD_HD float entropy_from_sums(double z_sum, double ez_sum) {
 CSD_HD bool draft_token_is_bad(int64_t tok, int64_t vocab) { return tok < -1 || tok >= vocab; }
 CSD_HD int64_t sanitized_draft_token(int64_t tok, int64_t vocab) {
   return draft_token_is_bad(tok, vocab) ? int64_t(-1) : tok;
-}
-
-// The decision of one position: the rule's a(x) (rules.h) and the strict one (for coupling = maximal).
-struct PositionDecision {
-  float accept_prob;  // a(x) under the rule
-  float strict_prob;  // min(1, p(x)/q(x))
-  bool accepted;      // has_draft && u_accept < a(x)
-  bool keep_draft;    // has_draft && u_accept < strict_prob
-};
-
-// q_x = 0 when there is no usable draft (no token, q(x) = 0 or x outside the support); extra_x: rule_acceptance's.
-CSD_HD PositionDecision decide_position(const RuleRow& rr, float p_x, float q_x, float extra_x, bool has_draft,
-                                        float u_accept) {
-  PositionDecision d;
-  if (!has_draft) q_x = 0.0f;
-  d.accept_prob = rule_acceptance(rr, p_x, q_x, extra_x);
-  d.strict_prob = strict_acceptance(p_x, q_x);
-  d.accepted = has_draft && u_accept < d.accept_prob;
-  d.keep_draft = has_draft && u_accept < d.strict_prob;
-  return d;
 }
 
 // Per-row epilogue. flags[i], resampled[i] (token at accept_len), tokens[i] (on input: the "later" token) for the

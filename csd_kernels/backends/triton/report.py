@@ -101,7 +101,7 @@ def _settings_signature(rule: str):
     """The types of the ``st`` argument (verify.KernelSettings) for ``rule``: its parameters as many fp32s."""
     from .verify import KernelSettings
 
-    return KernelSettings("fp32", "fp32", "i32", "fp32", "fp32", ("fp32",) * len(rule_named(rule).params))
+    return KernelSettings("fp32", "fp32", "i32", "fp32", "fp32", "fp32", ("fp32",) * len(rule_named(rule).params))
 
 
 def _signature(kernel, variant: Variant, constexprs: dict) -> dict:

@@ -133,6 +133,7 @@ class KernelSettings(NamedTuple):
     top_k: int
     top_p: float  # rounded to fp32
     log_min_p: float  # ln(min_p) rounded to fp32, as the reference (-inf: no restriction)
+    max_distortion: float  # rounded to fp32 (inf: no cap)
     params: tuple  # the rule's parameters, as many as it declares (rules.py)
 
 
@@ -141,7 +142,7 @@ def kernel_settings(st: OpSettings) -> KernelSettings:
     greedy = st.temperature == 0
     return KernelSettings(float(st.cfg_scale), 1.0 if greedy else fp32(1.0 / st.temperature), int(st.top_k),
                           fp32(st.top_p), fp32(math.log(st.min_p)) if st.min_p > 0 else float("-inf"),
-                          tuple(float(v) for v in st.rule_params))
+                          fp32(st.max_distortion), tuple(float(v) for v in st.rule_params))
 
 
 def verify_triton(a: VerifyArgs, packed_outputs: bool = False):

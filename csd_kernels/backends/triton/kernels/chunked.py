@@ -18,7 +18,6 @@ from . import rules
 from .common import (
     GUMBEL,
     INDEPENDENT,
-    MAXIMAL,
     PROB_SUM_TOLERANCE,
     chunk_cdf,
     chunk_lanes,
@@ -238,7 +237,7 @@ def _stats_sweep(c_row, u_row, q_row, s_qv, probs_row, x, bad, V, thr, m, z_sum,
         p_sum += tl.sum(p, 0)
         p_x += tl.sum(tl.where(offs == x, p, 0.0), 0)
         q_x += tl.sum(tl.where(offs == x, q, 0.0), 0)
-        _cdf_r, carry_r = chunk_cdf(tl.maximum(p - q, 0.0), carry_r, lane, BLOCK_V)
+        _cdf_r, carry_r = chunk_cdf(rules.residual(p, q, q, rules.STRICT), carry_r, lane, BLOCK_V)
         _cdf_p, carry_p = chunk_cdf(p, carry_p, lane, BLOCK_V)
         if RETURN_PROBS:
             tl.store(probs_row + offs, tl.where(bad, float("nan"), p), mask=mask)
@@ -274,7 +273,7 @@ def _draw_sweep(c_row, u_row, q_row, s_qv, x, bad_q, use_r, target_w, target_p, 
             dist += tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q_ok, support, params[0], c_row, u_row, m,
                                                1.0 / z_sum, thr, 0.0, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND,
                                                GREEDY, PROBS, TOP_K, False), 0)
-        w = tl.where(use_r, tl.maximum(p - q, 0.0), p)
+        w = tl.where(use_r, rules.residual(p, q, q, rules.STRICT), p)
         cdf_w, carry_w = chunk_cdf(w, carry_w, lane, BLOCK_V)
         first_w = tl.minimum(first_w, tl.min(tl.where(mask & (cdf_w > target_w), offs, _NO_HIT), 0).to(tl.int32))
         last_w = tl.maximum(last_w, tl.max(tl.where(w > 0, offs, -1), 0).to(tl.int32))
@@ -343,29 +342,18 @@ def position_chunked_kernel(
                                       1.0 / z_sum, thr, 0.0, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, PROBS,
                                       RESTRICT, False)
     a, strict_a = rules.acceptance(p_x, q_x, h, tvd, params, extra_x, RULE)
-    informed = rules.slot_informed(inf_ptr, s_ib, s_il, b, i, HAS_INFORMED)
-    a = tl.where(informed, a, strict_a)
-    accepted = has_draft & (u_acc < a)
 
-    # residual draws use max(p − q, 0) unless it sums to 0, there is no draft, or q was flagged (then p)
+    # draws from the strict residual (the rule's own for every rule but gsd, which this path never runs) unless it
+    # sums to 0, there is no draft, or q was flagged (then from p)
     use_r = has_draft & ~bad_q & (residual > 0)
-    dist, resampled, from_p = _draw_sweep(
+    terms, resampled, from_p = _draw_sweep(
         c_row, u_row, q_row, s_qv, x, bad_q, use_r, u_smp * tl.where(use_r, residual, p_total), u_smp * p_total,
         h, params, nb_ptr, s_nb, nb_k, V, thr, m, z_sum, amax, cfg_scale, inv_t, HAS_UNCOND, HAS_Q, GREEDY,
         RESTRICT, COUPLING == INDEPENDENT, PROBS, RULE, GATHER_DIST, BLOCK_V)
-    if RULE == rules.CSD:
-        dist = tl.where(tvd < params[1], dist, 0.0)
-    if rules.is_lantern(RULE) and not GATHER_DIST:
-        dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
-    dist = tl.where(has_draft & informed, dist, 0.0)
-
-    if COUPLING == INDEPENDENT:
-        later = from_p
-    elif COUPLING == MAXIMAL:
-        later = tl.where(has_draft & (u_acc < strict_a), x.to(tl.int32), resampled)
-    elif GREEDY and not PROBS:
-        later = amax
-    else:
-        later = g_index
+    a, accepted, dist, _relaxed = rules.decide(
+        a, strict_a, rules.slot_informed(inf_ptr, s_ib, s_il, b, i, HAS_INFORMED),
+        rules.position_distortion(terms, tvd, params, RULE, GATHER_DIST), st.max_distortion, has_draft, u_acc)
+    later = rules.next_draft(from_p, x, has_draft, u_acc, strict_a, resampled, g_index, amax, COUPLING,
+                             GREEDY and not PROBS)
     store_position(pid, bad, bad_tok, bad_q, committed, has_draft, accepted, h, tvd, a, dist, resampled, later,
                    ent_ptr, tvd_ptr, acc_ptr, dist_ptr, res_ptr, later_ptr, flags_ptr)

@@ -19,7 +19,6 @@ from . import rules
 from .common import (
     GUMBEL,
     INDEPENDENT,
-    MAXIMAL,
     PROB_SUM_TOLERANCE,
     first_stop,
     gumbel_uniforms,
@@ -89,46 +88,78 @@ def _draft_term(p, q, p_x, q_x, x, h, support, offs, mask, st, nb_ptr, s_nb, nb_
 def _row_distortion(p, q, qa, support, h, tvd, st, nb_ptr, s_nb, nb_k, offs, c_row, u_row, m, inv_z, thr_key, amax, V,
                     RULE: tl.constexpr, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, PROBS: tl.constexpr,
                     RESTRICT: tl.constexpr, MIN_P: tl.constexpr, GATHER_DIST: tl.constexpr):
-    """The rule's distortion at the position (rules.py): closed-form terms, gsd's from the sorted row and lantern's
-    k gathers per token only when asked (NaN otherwise)."""
+    """The rule's distortion at the position (rules.position_distortion): closed-form terms, gsd's from the sorted
+    row and lantern's k gathers per token only when asked."""
     params = st.params
-    dist = tl.zeros_like(h)
+    terms = tl.zeros_like(h)
     if rules.has_token_terms(RULE):
-        dist = tl.sum(rules.distortion_terms(p, q, support, h, params, RULE), 0)
-        if RULE == rules.CSD:
-            dist = tl.where(tvd < params[1], dist, 0.0)
-    elif RULE == rules.GSD:
-        if GATHER_DIST:
-            dist = tl.sum(tl.maximum(qa - p, 0.0), 0)
-        else:
-            dist = tl.full((), float("nan"), tl.float32)  # on request, as on the backends that sort only for it
-    elif rules.is_lantern(RULE):
-        if GATHER_DIST:
-            dist = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, params[0], c_row, u_row, m,
-                                              inv_z, thr_key, st.log_min_p, amax, V, st.cfg_scale, st.inv_t, RULE,
-                                              HAS_UNCOND, GREEDY, PROBS, RESTRICT, MIN_P), 0)
-        else:
-            dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
-    return dist
+        terms = tl.sum(rules.distortion_terms(p, q, support, h, params, RULE), 0)
+    elif RULE == rules.GSD and GATHER_DIST:
+        terms = tl.sum(tl.maximum(qa - p, 0.0), 0)
+    elif rules.is_lantern(RULE) and GATHER_DIST:
+        terms = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, params[0], c_row, u_row, m, inv_z,
+                                           thr_key, st.log_min_p, amax, V, st.cfg_scale, st.inv_t, RULE, HAS_UNCOND,
+                                           GREEDY, PROBS, RESTRICT, MIN_P), 0)
+    return rules.position_distortion(terms, tvd, params, RULE, GATHER_DIST)
 
 
 @triton.jit
 def _later_draw(p, z, x, has_draft, u_acc, u_smp, strict_a, resampled, amax, pos, row_id, k0, k1, offs, mask, V,
                 COUPLING: tl.constexpr, GREEDY: tl.constexpr, PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
-    """The next draft at a position after accept_len, by the coupling: a fresh draw from p, the draft kept with
-    probability min(1, p/q) else the resampled token (maximal), or argmax z + G (gumbel)."""
+    """The draw for a position after accept_len (rules.next_draft), with the coupling's own draw made only where it
+    is read: a fresh draw from p (independent), argmax z + G (gumbel on a sampled row)."""
+    from_p = resampled
+    gumbel = amax
     if COUPLING == INDEPENDENT:
-        later = inverse_cdf(p, offs, mask, u_smp, V, BLOCK_V)
-    elif COUPLING == MAXIMAL:
-        later = tl.where(has_draft & (u_acc < strict_a), x.to(tl.int32), resampled)
+        from_p = inverse_cdf(p, offs, mask, u_smp, V, BLOCK_V)
+    if COUPLING == GUMBEL and (PROBS or not GREEDY):
+        g = -tl.log(-tl.log(gumbel_uniforms(0, pos, row_id, k0, k1, BLOCK_V)))
+        gumbel = tl.argmax(z + g, 0, tie_break_left=True)
+    return rules.next_draft(from_p, x, has_draft, u_acc, strict_a, resampled, gumbel, amax, COUPLING,
+                            GREEDY and not PROBS)
+
+
+@triton.jit
+def _target_row(c_row, u_row, offs, mask, st, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, TOP_K: tl.constexpr,
+                TOP_P: tl.constexpr, MIN_P: tl.constexpr, PROBS: tl.constexpr):
+    """(z, p, bad, m, 1/Z, thr_key, amax): the target distribution (the only read of the logits), z = −inf outside
+    its support, and what p_at needs to recompute p at any token (lantern's neighbours): m, 1/Z, the restriction's
+    order key. A bad row continues as uniform (target probabilities) or z = 0."""
+    if PROBS:
+        w, bad_w = load_probs(c_row, offs, mask)
+        bad = (bad_w > 0) | ~(tl.abs(tl.sum(w, 0) - 1.0) <= PROB_SUM_TOLERANCE)
+        w = tl.where(bad, tl.where(mask, 1.0, 0.0), w)
+        z = log_or_minus_inf(w)
+        p = w / tl.sum(w, 0)
     else:
-        tl.static_assert(COUPLING == GUMBEL)
-        if GREEDY and not PROBS:
-            later = amax
-        else:
-            g = -tl.log(-tl.log(gumbel_uniforms(0, pos, row_id, k0, k1, BLOCK_V)))
-            later = tl.argmax(z + g, 0, tie_break_left=True)
-    return later
+        z, bad_z = load_mix_flagged(c_row, u_row, offs, mask, st.cfg_scale, st.inv_t, HAS_UNCOND, GREEDY)
+        z = tl.where(mask, z, float("-inf"))
+        bad = (bad_z > 0) | (tl.max(z, 0) == float("-inf"))  # bad input, or no finite logit
+        z = tl.where(mask & bad, 0.0, z)
+    m = tl.zeros((), tl.float32)
+    thr_key = tl.full((), -2147483648, tl.int64)
+    if PROBS:
+        amax = tl.argmax(z, 0, tie_break_left=True)
+        inv_z = 1.0 / tl.sum(w, 0)
+    elif GREEDY:
+        amax = tl.argmax(z, 0, tie_break_left=True)
+        p = tl.where(offs == amax, 1.0, 0.0)
+        inv_z = tl.full((), 1.0, tl.float32)
+    else:
+        amax = tl.zeros((), tl.int32)
+        if TOP_K:
+            thr_key = _top_k_key(z, mask, st.top_k)
+            z = tl.where(order_key(z) >= thr_key.to(tl.int32), z, float("-inf"))
+        m = tl.max(z, 0)
+        if TOP_P:
+            thr_key = tl.maximum(thr_key, top_p_key(z, tl.exp(z - m), mask, st.top_p))
+            z = tl.where(order_key(z) >= thr_key.to(tl.int32), z, float("-inf"))
+        if MIN_P:
+            z = tl.where(z - m >= st.log_min_p, z, float("-inf"))
+        e = tl.exp(z - m)
+        inv_z = 1.0 / tl.sum(e, 0)
+        p = e / tl.sum(e, 0)
+    return z, p, bad, m, inv_z, thr_key, amax
 
 
 @triton.jit(do_not_specialize=["seed_ptr", "offset_ptr"])  # int seeds: one kernel for all
@@ -154,8 +185,6 @@ def position_kernel(
     """Grid (B·L,): one program per (row, window position), BLOCK_V >= V. Parameters: see common.py and rules.py
     (gsd_ptr: gsd's scratch, 4·BLOCK_V + 2 floats per position). GSD_ROWS: grid (B,), after the first launch: the
     resampled token of each row's first stop, with the row sorted (nothing else is stored)."""
-    cfg_scale, inv_t, top_k = st.cfg_scale, st.inv_t, st.top_k  # the call's settings (verify.KernelSettings)
-    top_p, log_min_p, params = st.top_p, st.log_min_p, st.params
     if GSD_ROWS:
         b = tl.program_id(0).to(tl.int64)
         stop = first_stop(flags_ptr + b * L, L)
@@ -168,44 +197,10 @@ def position_kernel(
     offs = tl.arange(0, BLOCK_V)
     mask = offs < V
     x, bad_tok, has_draft, committed = window_draft(draft_ptr, s_db, s_dl, start_ptr, s_start, b, i, V)
-
-    # ---- target distribution (the only read of the logits); z = −inf outside the support of p
-    if PROBS:
-        w, bad_w = load_probs(logits_ptr + b * s_cb + i * s_cl, offs, mask)
-        bad = (bad_w > 0) | ~(tl.abs(tl.sum(w, 0) - 1.0) <= PROB_SUM_TOLERANCE)
-        w = tl.where(bad, tl.where(mask, 1.0, 0.0), w)  # a bad row continues as uniform
-        z = log_or_minus_inf(w)
-        p = w / tl.sum(w, 0)
-    else:
-        z, bad_z = load_mix_flagged(logits_ptr + b * s_cb + i * s_cl, uncond_ptr + b * s_ub + i * s_ul, offs, mask,
-                                    cfg_scale, inv_t, HAS_UNCOND, GREEDY)
-        z = tl.where(mask, z, float("-inf"))
-        bad = (bad_z > 0) | (tl.max(z, 0) == float("-inf"))  # bad input, or no finite logit
-        z = tl.where(mask & bad, 0.0, z)  # a bad row continues as z = 0
-    # what p_at needs to recompute p at any token (lantern's neighbours): m, 1/Z, the restriction's order key
-    m = tl.zeros((), tl.float32)
-    thr_key = tl.full((), -2147483648, tl.int64)
-    if PROBS:
-        amax = tl.argmax(z, 0, tie_break_left=True)
-        inv_z = 1.0 / tl.sum(w, 0)
-    elif GREEDY:
-        amax = tl.argmax(z, 0, tie_break_left=True)
-        p = tl.where(offs == amax, 1.0, 0.0)
-        inv_z = tl.full((), 1.0, tl.float32)
-    else:
-        amax = tl.zeros((), tl.int32)
-        if TOP_K:
-            thr_key = _top_k_key(z, mask, top_k)
-            z = tl.where(order_key(z) >= thr_key.to(tl.int32), z, float("-inf"))
-        m = tl.max(z, 0)
-        if TOP_P:
-            thr_key = tl.maximum(thr_key, top_p_key(z, tl.exp(z - m), mask, top_p))
-            z = tl.where(order_key(z) >= thr_key.to(tl.int32), z, float("-inf"))
-        if MIN_P:
-            z = tl.where(z - m >= log_min_p, z, float("-inf"))
-        e = tl.exp(z - m)
-        inv_z = 1.0 / tl.sum(e, 0)
-        p = e / tl.sum(e, 0)
+    c_row = logits_ptr + b * s_cb + i * s_cl
+    u_row = uncond_ptr + b * s_ub + i * s_ul
+    z, p, bad, m, inv_z, thr_key, amax = _target_row(c_row, u_row, offs, mask, st, HAS_UNCOND, GREEDY, TOP_K, TOP_P,
+                                                     MIN_P, PROBS)
     h = -tl.sum(p * tl.log(tl.where(p > 0, p, 1.0)), 0)
     support = z > float("-inf")
 
@@ -214,33 +209,27 @@ def position_kernel(
     p_x = tl.sum(tl.where(offs == x, p, 0.0), 0)
     q_x = tl.sum(tl.where((offs == x) & support, q, 0.0), 0)  # a draft outside the support is rejected
 
-    # ---- the rule's term of the draft, the decision and the distortion
+    # ---- the rule's term of the draft, the distortion and the decision
     RESTRICT: tl.constexpr = TOP_K or TOP_P
-    c_row = logits_ptr + b * s_cb + i * s_cl
-    u_row = uncond_ptr + b * s_ub + i * s_ul
     GSD_SORTED: tl.constexpr = GATHER_DIST or GSD_ROWS  # every a(y) is read (else the draft's group decides)
     extra_x, qa = _draft_term(p, q, p_x, q_x, x, h, support, offs, mask, st, nb_ptr, s_nb, nb_k, c_row, u_row, m, inv_z,
                               thr_key, amax, V, gsd_ptr + pid * (4 * BLOCK_V + 2), RULE, GSD_SORTED, HAS_UNCOND,
                               GREEDY, PROBS, RESTRICT, MIN_P, BLOCK_V)
-    a, strict_a = rules.acceptance(p_x, q_x, h, tvd, params, extra_x, RULE)
-    informed = rules.slot_informed(inf_ptr, s_ib, s_il, b, i, HAS_INFORMED)
-    a = tl.where(informed, a, strict_a)
+    a, strict_a = rules.acceptance(p_x, q_x, h, tvd, st.params, extra_x, RULE)
     dist = _row_distortion(p, q, qa, support, h, tvd, st, nb_ptr, s_nb, nb_k, offs, c_row, u_row, m, inv_z, thr_key,
                            amax, V, RULE, HAS_UNCOND, GREEDY, PROBS, RESTRICT, MIN_P, GATHER_DIST)
-    dist = tl.where(has_draft & informed, dist, 0.0)
     pos, row_id, k0, k1, u_acc, u_smp = position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
                                                      offset_ptr + b * offset_stride, b, i, PER_ROW_SEED,
                                                      SEED_VALUE, OFFSET_VALUE)
-    accepted = has_draft & (u_acc < a)
+    a, accepted, dist, relaxed = rules.decide(a, strict_a, rules.slot_informed(inf_ptr, s_ib, s_il, b, i, HAS_INFORMED),
+                                              dist, st.max_distortion, has_draft, u_acc)
 
-    # ---- resample from the rule's residual (p when it sums to 0 or there is no draft)
+    # ---- resample from the residual (p when it sums to 0 or there is no draft)
     if RULE == rules.GSD and not GSD_SORTED:
         resampled = tl.zeros((), tl.int32)  # a placeholder: the GSD_ROWS launch draws the row's first stop's
     else:
-        r = tl.where(informed, rules.residual(p, q, qa, RULE), rules.residual(p, q, q, rules.STRICT))
+        r = rules.relaxed_residual(p, q, qa, relaxed, RULE)
         resampled = inverse_cdf(tl.where(has_draft & (tl.sum(r, 0) > 0), r, p), offs, mask, u_smp, V, BLOCK_V)
-
-    # ---- the draw for positions after accept_len
     later = _later_draw(p, z, x, has_draft, u_acc, u_smp, strict_a, resampled, amax, pos, row_id, k0, k1, offs, mask, V,
                         COUPLING, GREEDY, PROBS, BLOCK_V)
 

@@ -1,7 +1,24 @@
-"""The acceptance rules in Triton (reference/rules.py defines them; config/acceptance.py is their table): one
-acceptance function and one residual function for every rule, the per-token distortion terms, and lantern's
-neighbour gathers. The constexpr ``RULE`` of every verification kernel is a code of the table (STRICT ... LANTERN_PLUS
-below, read from it).
+"""The acceptance rules in Triton (reference/rules.py defines them; config/acceptance.py is their table) and the
+decision every verification kernel shares: one acceptance function and one residual function for every rule, the
+per-token distortion terms, and lantern's neighbour gathers. The constexpr ``RULE`` of every verification kernel is a
+code of the table (STRICT ... LANTERN_PLUS below, read from it).
+
+The decision (reference.verify), written once for the four kernels, which differ only in how they sum p, q and the
+terms over the row:
+
+* :func:`acceptance`: the draft's (a(x), strict a(x)), computed as soon as the kernel has p(x), q(x) and the rule's
+  term (before its distortion sweep: a(x) waiting through the sweep takes fewer registers than its inputs);
+* :func:`position_distortion`: the position's distortion from its summed terms (csd's gate, NaN where not gathered);
+* :func:`decide`: the rule relaxes an informed slot whose distortion is not above ``st.max_distortion``
+  (:func:`relaxed_slot`) and the strict test decides every other: a(x), u < a(x), the distortion stored (0 where the
+  strict test decides) and the slot's ``relaxed``;
+* :func:`relaxed_residual`: what a rejection resamples from, the rule's residual where relaxed, the strict one
+  elsewhere (only gsd's differs: the chunked and split paths, which never run gsd, draw from the strict residual
+  before they decide);
+* :func:`next_draft`: the draft of a position after accept_len, by the coupling.
+
+The tree kernel decides child by child: the main draft under its level's cap, the siblings strictly (not informed),
+each rejection on the strict residual (RRS).
 
 Kernel parameters (named alike in every path): ``params``, the rule's parameters as a tuple in the table's order, as
 many as it declares (csd: λ, τ; gsd: k, δ; arsample: c, s0; lantern: δ, k; lantern++: λ, k), read as ``params[i]``
@@ -13,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ....config.acceptance import RULE_CODES
-from .common import load_mix, order_key
+from .common import GUMBEL, INDEPENDENT, MAXIMAL, load_mix, order_key
 
 STRICT = tl.constexpr(RULE_CODES["strict"])
 CSD = tl.constexpr(RULE_CODES["csd"])
@@ -68,11 +85,55 @@ def slot_informed(inf_ptr, s_ib, s_il, b, i, HAS_INFORMED: tl.constexpr):
 
 
 @triton.jit
+def relaxed_slot(informed, dist, max_distortion):
+    """Where the rule decides (reference.relaxed_slots): an informed slot whose distortion is not above the cap
+    (``st.max_distortion``); elsewhere the strict test, with distortion 0 and the strict residual. NaN (a distortion
+    not gathered) is never above."""
+    return informed & ~(dist > max_distortion)
+
+
+@triton.jit
+def decide(a, strict_a, informed, dist, max_distortion, has_draft, u_acc):
+    """The decision of a slot from its draft's (a(x), strict a(x)) (:func:`acceptance`) and distortion: (a(x),
+    accepted, distortion, relaxed). The rule decides an informed slot under the cap (:func:`relaxed_slot`), the
+    strict test every other; the distortion is 0 where the strict test decides or there is no draft."""
+    relaxed = relaxed_slot(informed, dist, max_distortion)
+    a = tl.where(relaxed, a, strict_a)
+    dist = tl.where(has_draft & relaxed, dist, 0.0)
+    return a, has_draft & (u_acc < a), dist, relaxed
+
+
+@triton.jit
 def residual(p, q, qa, RULE: tl.constexpr):
     """The resampling weights: max(p − q·a, 0) for gsd (qa = q·a), max(p − q, 0) for every other rule."""
     if RULE == GSD:
         return tl.maximum(p - qa, 0.0)
     return tl.maximum(p - q, 0.0)
+
+
+@triton.jit
+def relaxed_residual(p, q, qa, relaxed, RULE: tl.constexpr):
+    """The rule's residual where the slot is ``relaxed``, the strict one elsewhere."""
+    return tl.where(relaxed, residual(p, q, qa, RULE), residual(p, q, q, STRICT))
+
+
+@triton.jit
+def next_draft(from_p, x, has_draft, u_acc, strict_a, resampled, gumbel, amax, COUPLING: tl.constexpr,
+               ONE_HOT: tl.constexpr):
+    """The draft of the position after this one, should it follow accept_len, by the coupling: ``from_p`` a fresh
+    draw from p (independent); the draft kept with probability min(1, p/q), else ``resampled`` (maximal: the strict
+    test, whatever the rule); the gumbel-max token ``gumbel``, or the argmax when p is one-hot there (ONE_HOT: T = 0
+    on logits)."""
+    if COUPLING == INDEPENDENT:
+        later = from_p
+    elif COUPLING == MAXIMAL:
+        later = tl.where(has_draft & (u_acc < strict_a), x.to(tl.int32), resampled.to(tl.int32))
+    else:
+        tl.static_assert(COUPLING == GUMBEL)
+        later = gumbel
+        if ONE_HOT:
+            later = amax
+    return later
 
 
 @triton.jit
@@ -94,6 +155,18 @@ def distortion_terms(p, q, support, h, params, RULE: tl.constexpr):
     else:
         cap = tl.zeros_like(gap)
     return tl.where(support & (p < q), tl.minimum(gap, cap), 0.0)
+
+
+@triton.jit
+def position_distortion(terms, tvd, params, RULE: tl.constexpr, GATHERED: tl.constexpr):
+    """The rule's distortion at a position from the sum of its terms: csd's behind its gate (TVD < τ); NaN for a
+    rule whose terms need gathers per token (lantern's neighbours, gsd's sorted row) unless they were GATHERED."""
+    dist = terms
+    if RULE == CSD:
+        dist = tl.where(tvd < params[1], terms, 0.0)
+    elif (is_lantern(RULE) or RULE == GSD) and not GATHERED:
+        dist = tl.full((), float("nan"), tl.float32)
+    return dist
 
 
 @triton.jit

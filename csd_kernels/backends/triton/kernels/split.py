@@ -24,7 +24,6 @@ from . import rules
 from .common import (
     GUMBEL,
     INDEPENDENT,
-    MAXIMAL,
     PROB_SUM_TOLERANCE,
     gumbel_uniforms,
     load_mix,
@@ -195,11 +194,97 @@ def _slice_search(weight_totals_ptr, position, n_split, target_u, c_row, u_row, 
     mask = offs < V
     p, _support = _slice_p(c_row, u_row, offs, mask, bad, m, inv_z, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
     q, _bad_q = _slice_q(q_row, s_qv, offs, mask, x, HAS_Q)
-    w = tl.where(USE_RESIDUAL, tl.maximum(p - q, 0.0), p)
+    w = tl.where(USE_RESIDUAL, rules.residual(p, q, q, rules.STRICT), p)
     cdf = carry + tl.cumsum(w, 0)
     first = tl.min(tl.where(mask & (cdf > target), offs, V), 0)
     last = tl.max(tl.where(mask & (w > 0), offs, -1), 0)
     return tl.where(first < V, first, last)
+
+
+@triton.jit
+def _slice_sums(sums_ptr, bad_q_ptr, probs_ptr, pid, position, c_row, u_row, q_row, s_qv, offs, mask, x, bad, m,
+                inv_z, h, amax, st, nb_ptr, s_nb, nb_k, V, HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr,
+                GREEDY: tl.constexpr, RULE: tl.constexpr, RETURN_PROBS: tl.constexpr, GATHER_DIST: tl.constexpr):
+    """Store program ``pid``'s slice sums (N_SUMS floats) and bad-q flag; write its slice of the position's probs."""
+    cfg_scale, inv_t, params = st.cfg_scale, st.inv_t, st.params
+    p, support = _slice_p(c_row, u_row, offs, mask, bad, m, inv_z, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
+    q, bad_q = _slice_q(q_row, s_qv, offs, mask, x, HAS_Q)
+    if RETURN_PROBS:
+        tl.store(probs_ptr + position * V + offs, tl.where(bad, float("nan"), p), mask=mask)
+    sums = sums_ptr + pid * N_SUMS
+    tl.store(sums + 0, tl.sum(tl.abs(p - q), 0))
+    tl.store(sums + 1, tl.sum(rules.residual(p, q, q, rules.STRICT), 0))
+    tl.store(sums + 2, tl.sum(p, 0))
+    terms = tl.zeros((), tl.float32)
+    if rules.has_token_terms(RULE):
+        terms = tl.sum(rules.distortion_terms(p, q, support, h, params, RULE), 0)
+    if rules.is_lantern(RULE) and GATHER_DIST:  # k gathers per token of the slice
+        terms = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, params[0], c_row, u_row, m, inv_z,
+                                           0, 0.0, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND, GREEDY, False, False,
+                                           False), 0)
+    tl.store(sums + 3, terms)
+    tl.store(sums + 4, tl.sum(q, 0))
+    tl.store(bad_q_ptr + pid, bad_q)
+
+
+@triton.jit
+def _position_total(sums_ptr, position, n_split, k, S_BLOCK: tl.constexpr):
+    """Σ over a position's S slices of their k-th sum (read through L2: other programs wrote them in this launch)."""
+    sv = tl.arange(0, S_BLOCK)
+    sums = sums_ptr + (position * n_split + sv) * N_SUMS
+    return tl.sum(tl.load(sums + k, mask=sv < n_split, other=0.0, cache_modifier=".cg"), 0)
+
+
+@triton.jit
+def _position_sums(sums_ptr, bad_q_ptr, position, n_split, HAS_Q: tl.constexpr, S_BLOCK: tl.constexpr):
+    """(TVD, residual total, bad q) of a position from its slices' sums; a flagged q counts as the zero vector."""
+    abs_diff = _position_total(sums_ptr, position, n_split, 0, S_BLOCK)
+    residual = _position_total(sums_ptr, position, n_split, 1, S_BLOCK)
+    p_total = _position_total(sums_ptr, position, n_split, 2, S_BLOCK)
+    sv = tl.arange(0, S_BLOCK)
+    bad_q_s = tl.load(bad_q_ptr + position * n_split + sv, mask=sv < n_split, other=0, cache_modifier=".cg")
+    bad_q_row = tl.max(bad_q_s, 0) > 0
+    if HAS_Q:  # q rows must sum to 1 (reference.PROB_SUM_TOLERANCE)
+        q_total = _position_total(sums_ptr, position, n_split, 4, S_BLOCK)
+        bad_q_row = bad_q_row | ~(tl.abs(q_total - 1.0) <= PROB_SUM_TOLERANCE)
+    return tl.where(bad_q_row, 0.5 * p_total, 0.5 * abs_diff), residual, bad_q_row
+
+
+@triton.jit
+def _draft_probs(c_row, u_row, q_row, s_qv, x, has_draft, bad, bad_q_row, m, inv_z, amax, cfg_scale, inv_t,
+                 HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr):
+    """(p(x), q(x)) of the draft, 0 without one; a masked draft is rejected: q(x) counts as 0."""
+    x_safe = tl.maximum(x, 0)
+    if GREEDY:
+        p_x = tl.where(x_safe == amax, 1.0, 0.0)
+        x_in_support = x_safe == amax
+    else:
+        z_x = tl.where(bad, 0.0, load_mix(c_row, u_row, x_safe, has_draft, cfg_scale, inv_t, HAS_UNCOND, GREEDY))
+        p_x = tl.exp(z_x - m) * inv_z
+        x_in_support = z_x > float("-inf")
+    if HAS_Q:
+        q_x = tl.load(q_row + x_safe * s_qv, mask=has_draft, other=0.0).to(tl.float32)
+        q_x = tl.where(bad_q_row | ~has_draft | ~x_in_support, 0.0, q_x)
+    else:
+        q_x = tl.where(has_draft & x_in_support, 1.0, 0.0)
+    return tl.where(has_draft, p_x, 0.0), q_x
+
+
+@triton.jit
+def _draws(sums_ptr, position, n_split, u_smp, use_r, c_row, u_row, q_row, s_qv, x, bad, m, inv_z, amax, cfg_scale,
+           inv_t, V, COUPLING: tl.constexpr, HAS_UNCOND: tl.constexpr, HAS_Q: tl.constexpr, GREEDY: tl.constexpr,
+           BLOCK_V: tl.constexpr, S_BLOCK: tl.constexpr):
+    """(resampled, from p): the draw from the residual (from p without use_r) and the independent coupling's fresh
+    draw from p, by the same uniform (so the same draw without use_r)."""
+    resampled = _slice_search(sums_ptr + tl.where(use_r, 1, 2), position, n_split, u_smp, c_row, u_row, q_row, s_qv, x,
+                              bad, m, inv_z, amax, cfg_scale, inv_t, V, use_r, HAS_UNCOND, HAS_Q, GREEDY, BLOCK_V,
+                              S_BLOCK)
+    from_p = resampled
+    if COUPLING == INDEPENDENT:
+        if use_r:
+            from_p = _slice_search(sums_ptr + 2, position, n_split, u_smp, c_row, u_row, q_row, s_qv, x, bad, m, inv_z,
+                                   amax, cfg_scale, inv_t, V, False, HAS_UNCOND, HAS_Q, GREEDY, BLOCK_V, S_BLOCK)
+    return resampled, from_p
 
 
 @triton.jit(do_not_specialize=["seed_ptr", "offset_ptr"])  # int seeds: one kernel for all
@@ -230,58 +315,19 @@ def split_finish_kernel(
     u_row = uncond_ptr + b * s_ub + i * s_ul
     q_row = q_ptr + b * s_qb + i * s_ql
     x, bad_tok, has_draft, committed = window_draft(draft_ptr, s_db, s_dl, start_ptr, s_start, b, i, V)
-
-    # ---- this slice's sums
-    p, support = _slice_p(c_row, u_row, offs, mask, bad, m, inv_z, amax, cfg_scale, inv_t, HAS_UNCOND, GREEDY)
-    q, bad_q = _slice_q(q_row, s_qv, offs, mask, x, HAS_Q)
-    if RETURN_PROBS:
-        tl.store(probs_ptr + position * V + offs, tl.where(bad, float("nan"), p), mask=mask)
-    tl.store(sums_ptr + pid * N_SUMS + 0, tl.sum(tl.abs(p - q), 0))
-    tl.store(sums_ptr + pid * N_SUMS + 1, tl.sum(tl.maximum(p - q, 0.0), 0))
-    tl.store(sums_ptr + pid * N_SUMS + 2, tl.sum(p, 0))
-    terms = tl.zeros((), tl.float32)
-    if rules.has_token_terms(RULE):
-        terms = tl.sum(rules.distortion_terms(p, q, support, h, params, RULE), 0)
-    if rules.is_lantern(RULE) and GATHER_DIST:  # k gathers per token of the slice
-        terms = tl.sum(rules.lantern_terms(nb_ptr, s_nb, nb_k, offs, p, q, support, params[0], c_row, u_row, m, inv_z,
-                                           0, 0.0, amax, V, cfg_scale, inv_t, RULE, HAS_UNCOND, GREEDY, False, False,
-                                           False), 0)
-    tl.store(sums_ptr + pid * N_SUMS + 3, terms)
-    tl.store(sums_ptr + pid * N_SUMS + 4, tl.sum(q, 0))
-    tl.store(bad_q_ptr + pid, bad_q)
+    _slice_sums(sums_ptr, bad_q_ptr, probs_ptr, pid, position, c_row, u_row, q_row, s_qv, offs, mask, x, bad, m, inv_z,
+                h, amax, st, nb_ptr, s_nb, nb_k, V, HAS_UNCOND, HAS_Q, GREEDY, RULE, RETURN_PROBS, GATHER_DIST)
 
     # ---- the last program of the position to arrive finishes it
     tl.debug_barrier()
     arrived = tl.atomic_add(position_count_ptr + position, 1, sem="acq_rel", scope="gpu")
     if arrived == n_split - 1:
-        sv = tl.arange(0, S_BLOCK)
-        smask = sv < n_split
-        sums = sums_ptr + (position * n_split + sv) * N_SUMS
-        abs_diff = tl.sum(tl.load(sums + 0, mask=smask, other=0.0, cache_modifier=".cg"), 0)
-        residual = tl.sum(tl.load(sums + 1, mask=smask, other=0.0, cache_modifier=".cg"), 0)
-        p_total = tl.sum(tl.load(sums + 2, mask=smask, other=0.0, cache_modifier=".cg"), 0)
-        bad_q_s = tl.load(bad_q_ptr + position * n_split + sv, mask=smask, other=0, cache_modifier=".cg")
-        bad_q_row = tl.max(bad_q_s, 0) > 0
-        if HAS_Q:  # q rows must sum to 1 (reference.PROB_SUM_TOLERANCE)
-            q_total = tl.sum(tl.load(sums + 4, mask=smask, other=0.0, cache_modifier=".cg"), 0)
-            bad_q_row = bad_q_row | ~(tl.abs(q_total - 1.0) <= PROB_SUM_TOLERANCE)
-        tvd = tl.where(bad_q_row, 0.5 * p_total, 0.5 * abs_diff)
-
-        x_safe = tl.maximum(x, 0)
-        if GREEDY:
-            p_x = tl.where(x_safe == amax, 1.0, 0.0)
-            x_in_support = x_safe == amax
-        else:
-            z_x = tl.where(bad, 0.0, load_mix(c_row, u_row, x_safe, has_draft, cfg_scale, inv_t, HAS_UNCOND, GREEDY))
-            p_x = tl.exp(z_x - m) * inv_z
-            x_in_support = z_x > float("-inf")  # a masked draft is rejected: q(x) counts as 0
-        if HAS_Q:
-            q_x = tl.load(q_row + x_safe * s_qv, mask=has_draft, other=0.0).to(tl.float32)
-            q_x = tl.where(bad_q_row | ~has_draft | ~x_in_support, 0.0, q_x)
-        else:
-            q_x = tl.where(has_draft & x_in_support, 1.0, 0.0)
-        p_x = tl.where(has_draft, p_x, 0.0)
-
+        _pos, _row_id, _k0, _k1, u_acc, u_smp = position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
+                                                             offset_ptr + b * offset_stride, b, i, PER_ROW_SEED,
+                                                             SEED_VALUE, OFFSET_VALUE)
+        tvd, residual, bad_q_row = _position_sums(sums_ptr, bad_q_ptr, position, n_split, HAS_Q, S_BLOCK)
+        p_x, q_x = _draft_probs(c_row, u_row, q_row, s_qv, x, has_draft, bad, bad_q_row, m, inv_z, amax, cfg_scale,
+                                inv_t, HAS_UNCOND, HAS_Q, GREEDY)
         extra_x = tl.zeros_like(h)
         if rules.is_lantern(RULE):  # the draft's neighbours' mass: k gathers
             limit = rules.lantern_limit(p_x, params[0], RULE)
@@ -289,34 +335,18 @@ def split_finish_kernel(
                                           inv_z, 0, 0.0, amax, V, cfg_scale, inv_t, HAS_UNCOND, GREEDY, False, False,
                                           False)
         a, strict_a = rules.acceptance(p_x, q_x, h, tvd, params, extra_x, RULE)
-        informed = rules.slot_informed(inf_ptr, s_ib, s_il, b, i, HAS_INFORMED)
-        a = tl.where(informed, a, strict_a)
-        # the slices summed the rule's terms; a flagged q counts as the zero vector
-        dist = tl.sum(tl.load(sums + 3, mask=smask, other=0.0, cache_modifier=".cg"), 0)
-        if RULE == rules.CSD:
-            dist = tl.where(tvd < params[1], dist, 0.0)
-        if rules.is_lantern(RULE) and not GATHER_DIST:
-            dist = tl.full((), float("nan"), tl.float32)  # k gathers per token: only when asked
-        dist = tl.where(has_draft & ~bad_q_row & informed, dist, 0.0)
-
-        _pos, _row_id, _k0, _k1, u_acc, u_smp = position_rng(seed_ptr, seed_stride, positions_ptr, s_pos,
-                                                             offset_ptr + b * offset_stride, b, i, PER_ROW_SEED,
-                                                             SEED_VALUE, OFFSET_VALUE)
-        accepted = has_draft & (u_acc < a)
+        # a flagged q counts as the zero vector (as in the TVD): no distortion, and q(x) = 0 rejects the draft
+        dist = rules.position_distortion(_position_total(sums_ptr, position, n_split, 3, S_BLOCK), tvd, params, RULE,
+                                         GATHER_DIST)
+        a, accepted, dist, _relaxed = rules.decide(a, strict_a, rules.slot_informed(inf_ptr, s_ib, s_il, b, i,
+                                                                                   HAS_INFORMED),
+                                                   tl.where(bad_q_row, 0.0, dist), st.max_distortion, has_draft, u_acc)
+        # the strict residual (every rule's but gsd's, which this path never runs)
         use_r = has_draft & ~bad_q_row & (residual > 0)
-        totals = sums_ptr + tl.where(use_r, 1, 2)
-        resampled = _slice_search(totals, position, n_split, u_smp, c_row, u_row, q_row, s_qv, x, bad, m, inv_z, amax,
-                                  cfg_scale, inv_t, V, use_r, HAS_UNCOND, HAS_Q, GREEDY, BLOCK_V, S_BLOCK)
-        if COUPLING == INDEPENDENT:
-            later = resampled
-            if use_r:  # with use_r false both draws are the same draw from p
-                later = _slice_search(sums_ptr + 2, position, n_split, u_smp, c_row, u_row, q_row, s_qv, x, bad, m,
-                                      inv_z, amax, cfg_scale, inv_t, V, False, HAS_UNCOND, HAS_Q, GREEDY, BLOCK_V,
-                                      S_BLOCK)
-        elif COUPLING == MAXIMAL:
-            later = tl.where(has_draft & (u_acc < strict_a), x.to(tl.int32), resampled.to(tl.int32))
-        else:
-            later = gumbel_later
+        resampled, from_p = _draws(sums_ptr, position, n_split, u_smp, use_r, c_row, u_row, q_row, s_qv, x, bad, m,
+                                   inv_z, amax, cfg_scale, inv_t, V, COUPLING, HAS_UNCOND, HAS_Q, GREEDY, BLOCK_V,
+                                   S_BLOCK)
+        later = rules.next_draft(from_p, x, has_draft, u_acc, strict_a, resampled, gumbel_later, amax, COUPLING, GREEDY)
         store_position(position, bad, bad_tok, bad_q_row, committed, has_draft, accepted, h, tvd, a, dist, resampled,
                        later, ent_ptr, tvd_ptr, acc_ptr, dist_ptr, res_ptr, later_ptr, flags_ptr)
 

@@ -76,6 +76,22 @@ def _load_node(c_row, u_row, q_row, s_qv, has_q, scr_p, scr_q, V, thr, m, z_sum,
 
 
 @triton.jit
+def _visit(c_row, u_row, q_row, s_qv, has_q, scr_p, scr_q, V, st, inv_v, HAS_UNCOND: tl.constexpr,
+           GREEDY: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The node's target (thr, bad, m, Z, amax, H, TVD), its p and its level's q written into the scratch."""
+    RESTRICT: tl.constexpr = TOP_K or TOP_P or MIN_P
+    thr = restriction_threshold(c_row, u_row, V, st.top_k, st.top_p, st.log_min_p, st.cfg_scale, st.inv_t, HAS_UNCOND,
+                                TOP_K, TOP_P, MIN_P, BLOCK_V)
+    bad, m, z_sum, amax, _g = softmax_sweep(c_row, u_row, V, thr, st.cfg_scale, st.inv_t, 0, 0, 0, 0, HAS_UNCOND,
+                                            GREEDY, RESTRICT, False, False, BLOCK_V)
+    tl.debug_barrier()  # every thread is done reading the previous node's scratch
+    h, tvd = _load_node(c_row, u_row, q_row, s_qv, has_q, scr_p, scr_q, V, thr, m, z_sum, amax, bad, inv_v,
+                        st.cfg_scale, st.inv_t, HAS_UNCOND, GREEDY, RESTRICT, BLOCK_V)
+    tl.debug_barrier()  # the scratch is read below by other threads than the ones that wrote it
+    return thr, bad, m, z_sum, amax, h, tvd
+
+
+@triton.jit
 def _distortion(c_row, u_row, q_row, s_qv, scr_p, nb_ptr, s_nb, nb_k, V, thr, m, z_sum, amax, bad, inv_v, h, params,
                 cfg_scale, inv_t, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, RESTRICT: tl.constexpr,
                 RULE: tl.constexpr, BLOCK_V: tl.constexpr):
@@ -93,6 +109,26 @@ def _distortion(c_row, u_row, q_row, s_qv, scr_p, nb_ptr, s_nb, nb_k, V, thr, m,
                                                1.0, 0, 0.0, 0, V, 1.0, 1.0, RULE, False, False, True, False, False), 0)
         else:
             dist += tl.sum(rules.distortion_terms(p, q, support, h, params, RULE), 0)
+    return dist
+
+
+@triton.jit
+def _main_distortion(c_row, u_row, q_row, s_qv, scr_p, nb_ptr, s_nb, nb_k, V, thr, m, z_sum, amax, bad, inv_v, h, tvd,
+                     st, main_ok, informed, HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, RESTRICT: tl.constexpr,
+                     RULE: tl.constexpr, GATHER_DIST: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The rule's distortion at the level's main draft (``main_ok``: there is one, below level M), swept only where
+    the rule would decide (lantern's k gathers per token only when asked, NaN otherwise)."""
+    params = st.params
+    dist = tl.zeros((), tl.float32)
+    gate = main_ok & informed
+    if RULE == rules.CSD:
+        gate = gate & (tvd < params[1])
+    if rules.has_token_terms(RULE) or (rules.is_lantern(RULE) and GATHER_DIST):
+        if gate:
+            dist = _distortion(c_row, u_row, q_row, s_qv, scr_p, nb_ptr, s_nb, nb_k, V, thr, m, z_sum, amax, bad, inv_v,
+                               h, params, st.cfg_scale, st.inv_t, HAS_UNCOND, GREEDY, RESTRICT, RULE, BLOCK_V)
+    elif rules.is_lantern(RULE):
+        dist = tl.where(main_ok & informed, float("nan"), 0.0)
     return dist
 
 
@@ -115,11 +151,11 @@ def _rrs_update(scr_p, scr_q, rest_row, s_rv, x, V, BLOCK_V: tl.constexpr):
     left = tl.zeros((), tl.float32)
     for v0 in range(0, V, BLOCK_V):
         offs, mask, p, q, rest = _rrs_chunk(scr_p, scr_q, rest_row, s_rv, x, v0, lane, V)
-        mass += tl.sum(tl.maximum(p - q, 0.0), 0)
+        mass += tl.sum(rules.residual(p, q, q, rules.STRICT), 0)
         left += tl.sum(rest, 0)
     for v0 in range(0, V, BLOCK_V):
         offs, mask, p, q, rest = _rrs_chunk(scr_p, scr_q, rest_row, s_rv, x, v0, lane, V)
-        new_p = tl.where(mass > 0, tl.maximum(p - q, 0.0) / tl.where(mass > 0, mass, 1.0), p)
+        new_p = tl.where(mass > 0, rules.residual(p, q, q, rules.STRICT) / tl.where(mass > 0, mass, 1.0), p)
         new_q = tl.where(left > 0, rest / tl.where(left > 0, left, 1.0), 0.0)
         tl.store(scr_p + offs, new_p, mask=mask)
         tl.store(scr_q + offs, new_q, mask=mask)
@@ -147,6 +183,50 @@ def _draw(scr_p, u, V, BLOCK_V: tl.constexpr):
     return tl.where(first < V, first, last).to(tl.int64)
 
 
+@triton.jit
+def _children(children_ptr, s_kn, s_kr, node_ptr, s_nb, s_ns, cur, b, K, c_row, u_row, scr_p, scr_q, sib_row, s_sv,
+              nb_ptr, s_nbr, nb_k, V, thr, amax, bad, h, tvd, informed, dist, st, off_lo, tag, k0, k1,
+              HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, RESTRICT: tl.constexpr, RULE: tl.constexpr,
+              BLOCK_V: tl.constexpr):
+    """RRS over node ``cur``'s children in rank order: (the accepted child's slot, its token, its a), slot -1 if
+    every child is rejected. The main draft (rank 0) is decided as its level's slot (``informed``, the level's
+    distortion ``dist``), the siblings strictly; each rejection updates the scratch's p and q (the siblings were
+    drawn from ``sib_row``)."""
+    params = st.params
+    chosen = tl.full((), -1, tl.int64)
+    chosen_x = tl.full((), -1, tl.int64)
+    chosen_a = tl.zeros((), tl.float32)
+    for r in range(0, K):
+        slot = tl.load(children_ptr + cur * s_kn + r * s_kr)
+        x = tl.load(node_ptr + b * s_nb + tl.maximum(slot, 0) * s_ns, mask=slot >= 0, other=-1).to(tl.int64)
+        if (chosen < 0) & (x >= 0) & (x < V):
+            sup = _in_support(c_row, u_row, x, thr, amax, bad, st.cfg_scale, st.inv_t, HAS_UNCOND, GREEDY, RESTRICT)
+            q_x = tl.where(sup, tl.load(scr_q + x), 0.0)
+            p_x = tl.load(scr_p + x)
+            extra = tl.zeros((), tl.float32)
+            if rules.is_lantern(RULE):  # the main draft's neighbours' mass, from the node's p in the scratch
+                if r == 0:
+                    extra = rules.lantern_bonus(nb_ptr, s_nbr, nb_k, tl.where(q_x > 0, x, -1),
+                                                rules.lantern_limit(p_x, params[0], RULE), scr_p, scr_p, 0.0, 1.0, 0,
+                                                0.0, 0, V, 1.0, 1.0, False, False, True, False, False)
+            a_rule, a_strict = rules.acceptance(p_x, q_x, h, tvd, params, extra, RULE)
+            u_acc, _u = tree_uniforms(slot, off_lo, tag, k0, k1)
+            # the siblings carry no information of their own: the strict test
+            a, accepted, _dist, _relaxed = rules.decide(a_rule, a_strict, (r == 0) & informed, dist,
+                                                        st.max_distortion, True, u_acc)
+            if accepted:
+                chosen = slot
+                chosen_x = x
+                chosen_a = a
+            else:
+                if r == 0:  # the siblings were drawn from sibling_q: it is the next q
+                    _rrs_update(scr_p, scr_q, sib_row, s_sv, x, V, BLOCK_V)
+                else:
+                    _rrs_update(scr_p, scr_q, scr_q, 1, x, V, BLOCK_V)
+                tl.debug_barrier()
+    return chosen, chosen_x, chosen_a
+
+
 @triton.jit(do_not_specialize=["seed_stride", "offset_stride"])
 def tree_kernel(
     logits_ptr, s_cb, s_cs,
@@ -167,8 +247,6 @@ def tree_kernel(
     ``scratch_ptr`` [B, 2, V] fp32 holds the walk's current p and q. The main draft is tested by ``RULE`` (not
     gsd: its groups need the node's row sorted), the siblings strictly (rules.py's parameters); a level whose
     ``inf_ptr`` byte [B, M] is 0 (HAS_INFORMED) has an uninformed main draft, tested strictly too."""
-    cfg_scale, inv_t, top_k = st.cfg_scale, st.inv_t, st.top_k  # the call's settings (verify.KernelSettings)
-    top_p, log_min_p, params = st.top_p, st.log_min_p, st.params
     b = tl.program_id(0).to(tl.int64)
     RESTRICT: tl.constexpr = TOP_K or TOP_P or MIN_P
     k0, k1, row_id = row_key(seed_ptr, seed_stride, b, PER_ROW_SEED)
@@ -195,62 +273,23 @@ def tree_kernel(
             level = i  # the walk descends one level per step: node cur lies at depth i
             q_level = tl.minimum(level, M - 1)
             q_row = q_ptr + b * s_qb + q_level * s_ql
-            thr = restriction_threshold(c_row, u_row, V, top_k, top_p, log_min_p, cfg_scale, inv_t, HAS_UNCOND,
-                                        TOP_K, TOP_P, MIN_P, BLOCK_V)
-            bad, m, z_sum, amax, _g = softmax_sweep(c_row, u_row, V, thr, cfg_scale, inv_t, 0, 0, 0, 0, HAS_UNCOND,
-                                                    GREEDY, RESTRICT, False, False, BLOCK_V)
+            thr, bad, m, z_sum, amax, h, tvd = _visit(c_row, u_row, q_row, s_qv, level < M, scr_p, scr_q, V, st, inv_v,
+                                                      HAS_UNCOND, GREEDY, TOP_K, TOP_P, MIN_P, BLOCK_V)
             status |= tl.where(bad, S_BAD_LOGITS, 0)
-            tl.debug_barrier()  # every thread is done reading the previous node's scratch
-            h, tvd = _load_node(c_row, u_row, q_row, s_qv, level < M, scr_p, scr_q, V, thr, m, z_sum, amax, bad,
-                                inv_v, cfg_scale, inv_t, HAS_UNCOND, GREEDY, RESTRICT, BLOCK_V)
-            tl.debug_barrier()  # the scratch is read below by other threads than the ones that wrote it
             main = tl.load(children_ptr + cur * s_kn)
             x_main = tl.load(node_ptr + b * s_nb + tl.maximum(main, 0) * s_ns, mask=main >= 0, other=-1)
-            dist = tl.zeros((), tl.float32)
             informed = rules.slot_informed(inf_ptr, s_ib, s_il, b, q_level, HAS_INFORMED)
-            gate = (x_main >= 0) & (level < M) & informed
-            if RULE == rules.CSD:
-                gate = gate & (tvd < params[1])
-            if rules.has_token_terms(RULE) or (rules.is_lantern(RULE) and GATHER_DIST):
-                if gate:
-                    dist = _distortion(c_row, u_row, q_row, s_qv, scr_p, nb_ptr, s_nbr, nb_k, V, thr, m, z_sum, amax,
-                                       bad, inv_v, h, params, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
-                                       RESTRICT, RULE, BLOCK_V)
-            elif rules.is_lantern(RULE):
-                dist = tl.where((x_main >= 0) & (level < M) & informed, float("nan"), 0.0)  # k gathers: on request
+            dist = _main_distortion(c_row, u_row, q_row, s_qv, scr_p, nb_ptr, s_nbr, nb_k, V, thr, m, z_sum, amax, bad,
+                                    inv_v, h, tvd, st, (x_main >= 0) & (level < M), informed, HAS_UNCOND, GREEDY,
+                                    RESTRICT, RULE, GATHER_DIST, BLOCK_V)
             ent_v = tl.where(idx == i, h, ent_v)
             tvd_v = tl.where(idx == i, tvd, tvd_v)
-            dist_v = tl.where(idx == i, dist, dist_v)
-            chosen = tl.full((), -1, tl.int64)
-            chosen_x = tl.full((), -1, tl.int64)
-            chosen_a = tl.zeros((), tl.float32)
-            for r in range(0, K):
-                slot = tl.load(children_ptr + cur * s_kn + r * s_kr)
-                x = tl.load(node_ptr + b * s_nb + tl.maximum(slot, 0) * s_ns, mask=slot >= 0, other=-1).to(tl.int64)
-                if (chosen < 0) & (x >= 0) & (x < V):
-                    sup = _in_support(c_row, u_row, x, thr, amax, bad, cfg_scale, inv_t, HAS_UNCOND, GREEDY,
-                                      RESTRICT)
-                    q_x = tl.where(sup, tl.load(scr_q + x), 0.0)
-                    p_x = tl.load(scr_p + x)
-                    extra = tl.zeros((), tl.float32)
-                    if rules.is_lantern(RULE):  # the main draft's neighbours' mass, from the node's p in the scratch
-                        if r == 0:
-                            extra = rules.lantern_bonus(nb_ptr, s_nbr, nb_k, tl.where(q_x > 0, x, -1),
-                                                        rules.lantern_limit(p_x, params[0], RULE), scr_p, scr_p, 0.0,
-                                                        1.0, 0, 0.0, 0, V, 1.0, 1.0, False, False, True, False, False)
-                    a_rule, a_strict = rules.acceptance(p_x, q_x, h, tvd, params, extra, RULE)
-                    a = tl.where((r == 0) & informed, a_rule, a_strict)  # the rule relaxes an informed main draft
-                    u_acc, _u = tree_uniforms(slot, off_lo, tag, k0, k1)
-                    if u_acc < a:
-                        chosen = slot
-                        chosen_x = x
-                        chosen_a = a
-                    else:
-                        if r == 0:  # the siblings were drawn from sibling_q: it is the next q
-                            _rrs_update(scr_p, scr_q, sib_ptr + b * s_sb + q_level * s_sl, s_sv, x, V, BLOCK_V)
-                        else:
-                            _rrs_update(scr_p, scr_q, scr_q, 1, x, V, BLOCK_V)
-                        tl.debug_barrier()
+            dist_v = tl.where(idx == i, tl.where(rules.relaxed_slot(informed, dist, st.max_distortion), dist, 0.0),
+                              dist_v)
+            chosen, chosen_x, chosen_a = _children(children_ptr, s_kn, s_kr, node_ptr, s_nb, s_ns, cur, b, K, c_row,
+                                                   u_row, scr_p, scr_q, sib_ptr + b * s_sb + q_level * s_sl, s_sv,
+                                                   nb_ptr, s_nbr, nb_k, V, thr, amax, bad, h, tvd, informed, dist, st,
+                                                   off_lo, tag, k0, k1, HAS_UNCOND, GREEDY, RESTRICT, RULE, BLOCK_V)
             if chosen >= 0:
                 acc_v = tl.where(idx == i, chosen_a, acc_v)
                 path_v = tl.where(idx == i + 1, chosen, path_v)
