@@ -7,6 +7,9 @@ import json
 import os
 import re
 import signal
+import sys
+import time
+import traceback
 
 import pytest
 
@@ -154,6 +157,29 @@ def test_signals_are_held_during_the_renames_and_raise_after():
     with pytest.raises(Interrupted, match="interrupted by SIGINT: what is left"):
         with if_stopped("what is left"):
             raise Interrupted(signal.SIGINT)
+
+
+def test_a_signal_during_an_import_is_raised_after_it(tmp_path, monkeypatch):
+    # torch's import runs Python inside native code that aborts the process on an exception (std::terminate): the
+    # module's top level must run to its end, and the signal arrive once the import is over.
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal, time\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "end = time.monotonic() + 0.2\n"
+        "while time.monotonic() < end:\n"
+        "    time.sleep(0.001)  # the signal's retries land here, inside the import\n"
+        "finished = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_module", raising=False)
+    with raise_on_signals():
+        with pytest.raises(Interrupted) as caught:
+            import slow_module  # noqa: F401
+            end = time.monotonic() + 5
+            while time.monotonic() < end:
+                time.sleep(0.001)
+    assert sys.modules["slow_module"].finished and caught.value.status == 143
+    assert all(frame.f_code.co_filename != str(tmp_path / "slow_module.py")
+               for frame, _ in traceback.walk_tb(caught.tb))
 
 
 def test_an_output_does_not_take_a_path_outside_its_folder(tmp_path):

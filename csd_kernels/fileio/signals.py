@@ -1,11 +1,16 @@
 """SIGINT and SIGTERM as an exception the command can clean up after: :func:`raise_on_signals` makes both raise
 :class:`Interrupted`, so ``finally`` blocks and :class:`~.outputs.Output` discard what a stopped run had half written,
-and the command prints one line (what was kept) and exits 128 + the signal number (130, 143)."""
+and the command prints one line (what was kept) and exits 128 + the signal number (130, 143).
+
+A signal that lands while a module is being imported is raised once the import is done: a module's top level may
+run inside native code that cannot pass a Python exception on (torch's import then aborts the process)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import threading
 
 __all__ = ["Interrupted", "SIGNALS", "raise_on_signals", "signals_held", "if_stopped"]
 
@@ -29,7 +34,24 @@ class Interrupted(BaseException):
         return f"interrupted by {signal.Signals(self.signum).name}" + (f": {self.kept}" if self.kept else "")
 
 
+_RETRY_S = 0.01  # how soon a signal put off by an import is delivered again
+
+
+def _importing(frame) -> bool:
+    """Whether ``frame`` runs inside an import (some frame below it is importlib's)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _raise(signum, frame):
+    if _importing(frame):  # deliver it again shortly, until the import is over
+        retry = threading.Timer(_RETRY_S, os.kill, (os.getpid(), signum))
+        retry.daemon = True
+        retry.start()
+        return
     raise Interrupted(signum)
 
 
