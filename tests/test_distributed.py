@@ -21,6 +21,7 @@ import torch
 
 from csd_kernels import cli, zoo
 from csd_kernels import runner as D
+from csd_kernels.runner.group import Dist
 from csd_kernels.zoo.digits import model as M
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,6 +112,36 @@ def test_seed_and_shard_rules():
         shards = [D.shard(items, r, world) for r in range(world)]
         assert sorted(x for s in shards for x in s) == sorted(items)
         assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+class _Rank1(Dist):
+    """Rank 1 of two whose collectives return rank 0's side: the scripted broadcasts, then _Stop."""
+
+    def __init__(self, sent):
+        super().__init__(rank=1, world_size=2, local_world_size=2, active=True)
+        self.sent = list(sent)
+
+    def broadcast(self, obj):
+        if not self.sent:
+            raise _Stop
+        return self.sent.pop(0)
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("rank0_refused", [False, True])
+def test_rank_1_follows_rank_0_on_the_out_folder(tmp_path, monkeypatch, rank0_refused):
+    # rank 0's check of --out creates and removes the folder: a rank that looked at it itself could see it half-made
+    # ("not writable", exit 2 alone: CI, 1 run in ~500). Here --out is a file, which rank 1 must not judge by itself.
+    out = tmp_path / "a_file"
+    out.write_text("")
+    monkeypatch.setattr(Dist, "init", classmethod(lambda cls: _Rank1([rank0_refused])))
+    with pytest.raises(SystemExit if rank0_refused else _Stop) as caught:
+        D.run("digits", str(tmp_path / "prompts.txt"), "ar", str(out), num_threads=1)
+    assert rank0_refused is False or caught.value.code == 2
+    assert out.read_text() == ""
 
 
 def test_two_ranks_equal_one_process(env, reference):

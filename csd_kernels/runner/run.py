@@ -129,6 +129,7 @@ def run(model: str, prompts_file: str, modes, out: str, *, seed: int = 0, batch_
     existed = os.path.isdir(out)
     try:
         spec.modes = _same_verdict(ctx, lambda: _check_arguments(spec, num_threads, ctx.device))
+        _verdict_of_rank0(ctx, lambda: check_out(spec.out))
         _set_threads(ctx, num_threads)
         setup = _take_folder(ctx, spec)
         lock = setup.pop("lock", None)
@@ -183,9 +184,27 @@ def _same_verdict(ctx: Dist, check):
         raise SystemExit(2) from None
 
 
+def _verdict_of_rank0(ctx: Dist, check):
+    """check() on rank 0 alone, its verdict sent to every rank: for what the ranks would see differently (the --out
+    folder, which rank 0's probe creates and removes under another rank's check). A UsageError or OutputError there
+    stops every rank (SystemExit(2) on the others, which print nothing)."""
+    result = failure = None
+    if ctx.rank == 0:
+        try:
+            result = check()
+        except (UsageError, OutputError) as exc:  # (a full disk writing run.json: every rank stops)
+            failure = exc
+    refused = ctx.broadcast(failure is not None)
+    if failure is not None:
+        raise failure
+    if refused:
+        raise SystemExit(2)
+    return result
+
+
 def _check_arguments(spec: RunSpec, num_threads: Optional[int], device: torch.device) -> list:
     """Every argument of the run checked by the API's own rules (csd_kernels.decoding.validation), before anything is
-    loaded or written; returns the modes."""
+    loaded or written; returns the modes. The same on every rank: it reads no file."""
     modes = parse_modes(spec.modes)
     with as_flags():
         check("batch_size", spec.batch_size)
@@ -195,7 +214,6 @@ def _check_arguments(spec: RunSpec, num_threads: Optional[int], device: torch.de
         check_backend(given.pop("backend", None), device)
         check_generate("csd", spec.coupling, **given)  # (the coupling applies to the run's sjd and csd items)
         _check_tree(spec, modes, given.get("window"))
-    check_out(spec.out)
     return modes
 
 
@@ -221,19 +239,9 @@ def _set_threads(ctx: Dist, num_threads: Optional[int]) -> None:
 def _take_folder(ctx: Dist, spec: RunSpec) -> dict:
     """Rank 0 checks prompts, model and settings, locks the folder and writes or matches run.json; every rank gets
     the verdict (prompts, manifest, resuming, cleaned; rank 0 also the lock)."""
-    setup = None
-    if ctx.rank == 0:
-        try:
-            setup = {"error": None, **_prepare(spec, ctx.device)}
-        except (UsageError, OutputError) as exc:  # (a full disk writing run.json: every rank stops)
-            failure, setup = exc, {"error": str(exc)}
-    lock = setup.pop("lock", None) if setup else None
-    setup = ctx.broadcast(setup)
-    if setup["error"] is not None:
-        if ctx.rank == 0:
-            raise failure
-        raise SystemExit(2)
-    return dict(setup, lock=lock)
+    setup = _verdict_of_rank0(ctx, lambda: _prepare(spec, ctx.device))
+    lock = setup.pop("lock") if ctx.rank == 0 else None
+    return dict(ctx.broadcast(setup), lock=lock)
 
 
 def _prepare(spec: RunSpec, device: torch.device) -> dict:
