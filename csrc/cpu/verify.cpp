@@ -79,6 +79,33 @@ Scratch& thread_scratch() {
   return s;
 }
 
+// ---- an item's law (decision.h's SlotLaw) -----------------------------------------------------------------------------
+// Functors defined here, outside the per-ISA copies below: decision.h's templates are compiled for the baseline ISA,
+// and GCC does not inline a function of the AVX2 / AVX-512 copies (a lambda there) into them, which cost a call per
+// token in the distortion sums and per gather in lantern's.
+struct ItemP {
+  const float* e;
+  float scale;
+  float operator()(int64_t v) const { return e[v] * scale; }
+};
+struct ItemSupport {  // greedy: the argmax; otherwise z >= thr and finite
+  const float* z;
+  float thr;
+  bool by_token;
+  int64_t token;
+  bool operator()(int64_t v) const { return by_token ? v == token : (z[v] >= thr && z[v] > -f_inf()); }
+};
+struct ItemQ {
+  QRow row;
+  float operator()(int64_t v) const { return row.at(v); }
+};
+struct ItemQA {  // gsd's q*a over the support (gs filled by gsd_sorted_row where it is read)
+  ItemSupport in_support;
+  ItemQ q;
+  const GsdScratch* gs;
+  float operator()(int64_t v) const { return in_support(v) ? f_mul(q(v), gs->a[v]) : 0.0f; }
+};
+
 
 // ---- the vectorised body, once per instruction set ------------------------------------------------------------------
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) && !defined(__clang__))
