@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from test_rules import _full_params, _neighbours, _pair, naive_law
+from test_rules import _full_params, _neighbours, _pair, exact_law, naive_law
 from test_verify_tree import BACKENDS as TREE_BACKENDS
 from test_verify_tree import INFORMED_RULES, _assert_same, _device, _on, _reference, _tree_inputs
 
@@ -22,26 +22,6 @@ from csd_kernels.config.acceptance import RULES
 
 RELAXED = [r.name for r in RULES if not r.lossless]
 CPU_BACKENDS = [name for name in ck.available_backends("cpu") if name != "triton"]  # triton: test_triton_kernel
-
-
-def _exact_law(rule: str, p, q, nb, params, cap: float, m: int = 1 << 12):
-    """(the emitted law, the distortion the op returns at each draft) of one position, every draft x enumerated
-    (test_rules.test_the_sampler_emits_the_rule_s_law_exactly)."""
-    vocab = p.numel()
-    logits = torch.log(p)[None, None].expand(m, 1, vocab)
-    grid = ((torch.arange(m, dtype=torch.float64) + 0.5) / m)[:, None]
-    law = torch.zeros(vocab, dtype=torch.float64)
-    dist = []
-    for x in range(vocab):
-        res = ref.verify(logits, torch.full((m, 1), x), q[None, None].expand(m, 1, vocab), rule=rule, neighbours=nb,
-                         start=torch.zeros(m, dtype=torch.int64), positions=torch.zeros(m, dtype=torch.int64),
-                         seed=torch.tensor([0]), offset=torch.tensor([0]), compute_dtype=torch.float64,
-                         uniforms=(torch.ones(m, 1), grid), max_distortion=cap, **params)  # u_a = 1: reject
-        a = float(res.accept_prob[0, 0])
-        resampled = torch.bincount(res.tokens[:, 0], minlength=vocab).double() / m
-        law += float(q[x]) * (a * torch.nn.functional.one_hot(torch.tensor(x), vocab) + (1 - a) * resampled)
-        dist.append(float(res.distortion[0, 0]))
-    return law, dist
 
 
 @pytest.mark.parametrize("rule", RELAXED)
@@ -56,9 +36,9 @@ def test_the_cap_gives_p_above_it_and_the_rule_s_law_below(rule):
     assert d > 0.01  # the rule moves the law here: both halves below have teeth
     tol = 2 * vocab / (1 << 12)
     for cap in (0.0, d / 2):
-        law, dist = _exact_law(rule, p, q, nb, params, cap)
+        law, dist = exact_law(rule, p, q, nb, params, 1 << 12, max_distortion=cap)
         assert law.tolist() == pytest.approx(p.tolist(), abs=tol) and dist == [0.0] * vocab
-    law, dist = _exact_law(rule, p, q, nb, params, 2 * d)
+    law, dist = exact_law(rule, p, q, nb, params, 1 << 12, max_distortion=2 * d)
     assert law.tolist() == pytest.approx(out, abs=tol)
     assert dist == pytest.approx([d] * vocab, rel=2 ** -23)  # the op returns float32
 

@@ -238,6 +238,27 @@ def test_each_rule_is_its_definition(rule, seed):
     assert got.tolist() == pytest.approx(want, abs=1e-12)
 
 
+def exact_law(rule: str, p, q, nb, params, m: int, **options):
+    """(the law the reference emits at one position, the distortion it returns at each draft x), every draft x of
+    q enumerated: accept with the op's a(x), else the token drawn at each of m midpoints of u_sample (exact to 1/m per
+    token). ``options``: more keywords of ref.verify (gather_distortion, max_distortion)."""
+    vocab = p.numel()
+    logits = torch.log(p)[None, None].expand(m, 1, vocab)
+    grid = ((torch.arange(m, dtype=torch.float64) + 0.5) / m)[:, None]
+    law = torch.zeros(vocab, dtype=torch.float64)
+    distortions = []
+    for x in range(vocab):
+        res = ref.verify(logits, torch.full((m, 1), x), q[None, None].expand(m, 1, vocab), rule=rule, neighbours=nb,
+                         start=torch.zeros(m, dtype=torch.int64), positions=torch.zeros(m, dtype=torch.int64),
+                         seed=torch.tensor([0]), offset=torch.tensor([0]), compute_dtype=torch.float64,
+                         uniforms=(torch.ones(m, 1), grid), **options, **params)  # u_a = 1: reject
+        a = float(res.accept_prob[0, 0])
+        resampled = torch.bincount(res.tokens[:, 0], minlength=vocab).double() / m
+        law += float(q[x]) * (a * torch.nn.functional.one_hot(torch.tensor(x), vocab) + (1 - a) * resampled)
+        distortions.append(float(res.distortion[0, 0]))
+    return law, distortions
+
+
 @pytest.mark.parametrize("rule", [r.name for r in RULES])
 def test_the_sampler_emits_the_rule_s_law_exactly(rule):
     """One window position over V = 6, every draft x enumerated: accept with the op's a(x), else the token drawn at
@@ -247,19 +268,7 @@ def test_the_sampler_emits_the_rule_s_law_exactly(rule):
     p, q = _pair(vocab, 11)
     nb = _neighbours(vocab, 3, 11)
     params = _full_params(rule, vocab)
-    logits = torch.log(p)[None, None].expand(m, 1, vocab)
-    grid = ((torch.arange(m, dtype=torch.float64) + 0.5) / m)[:, None]
-    law = torch.zeros(vocab, dtype=torch.float64)
-    distortions = []
-    for x in range(vocab):
-        res = ref.verify(logits, torch.full((m, 1), x), q[None, None].expand(m, 1, vocab), rule=rule, neighbours=nb,
-                         gather_distortion=True, start=torch.zeros(m, dtype=torch.int64),
-                         positions=torch.zeros(m, dtype=torch.int64), seed=torch.tensor([0]), offset=torch.tensor([0]),
-                         compute_dtype=torch.float64, uniforms=(torch.ones(m, 1), grid), **params)  # u_a = 1: reject
-        a = float(res.accept_prob[0, 0])
-        resampled = torch.bincount(res.tokens[:, 0], minlength=vocab).double() / m
-        law += float(q[x]) * (a * torch.nn.functional.one_hot(torch.tensor(x), vocab) + (1 - a) * resampled)
-        distortions.append(float(res.distortion[0, 0]))
+    law, distortions = exact_law(rule, p, q, nb, params, m, gather_distortion=True)
     out, distortion = naive_law(rule, p.tolist(), q.tolist(), params, nb.tolist())
     assert law.tolist() == pytest.approx(out, abs=2 * vocab / m)
     assert distortions == pytest.approx([distortion] * vocab, rel=2 ** -23)  # the op returns float32
